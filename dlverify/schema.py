@@ -1,0 +1,209 @@
+"""Every fact relation exchanged between Python and Datalog, declared once.
+
+`datalog/schema.dl` is generated from this module (`python -m dlverify.schema`)
+and a test fails when the checked-in file is stale. Python code refers to
+relations only through the constants below, never through raw strings.
+
+Conventions: relations are UpperCamel `Entity_Attribute`; tensor and op ids are
+global integers (sequential and distributed graphs share one id space, so a
+tensor id says which program it belongs to); ranks are integers 0..N-1.
+Offsets lists are records `[head, tail]` ending in `nil`, outermost dim first;
+an offset of -1 is a wildcard ("any offset": the sequential tensor is constant
+along that dim). Scales are exact rationals 2^e2 3^e3 5^e5 7^e7.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Role = Literal["input", "output"]
+
+# Soufflé type declarations, in dependency order. Record types map to clingo tuples.
+TYPES: tuple[tuple[str, str, str], ...] = (
+    ("TensorId", "<: number", "A tensor of either program (ids are globally unique)."),
+    ("OpId", "<: number", "An op of either program."),
+    ("Rank", "<: number", "A rank (device position) of the distributed program."),
+    ("ValueId", "<: number", "An interned exact scalar value (see Value_Int, Value_Ratio)."),
+    ("OffList", "= [head: number, tail: OffList]",
+     "Offsets of a block, outermost dim first; -1 is a wildcard; nil ends the list."),
+    ("Scale", "= [e2: number, e3: number, e5: number, e7: number]",
+     "The exact positive rational 2^e2 * 3^e3 * 5^e5 * 7^e7."),
+    ("Tag", "= [reducer: number, op: OpId, axis: number, lo: number, hi: number]",
+     "A partial term: the index range [lo,hi) of reduced axis `axis` of sequential op `op`, "
+     "to be combined with `reducer` (0 sum, 1 max, 2 min); nil when the view is complete."),
+    ("Key", "= [a: OffList, b: OffList]",
+     "Identifies one derivation of a view built dim by dim (the operands' offsets)."),
+)
+
+TYPE_NAMES = frozenset(t[0] for t in TYPES) | {"number", "symbol"}
+
+REDUCER_SUM, REDUCER_MAX, REDUCER_MIN = 0, 1, 2
+SCALE_PRIMES = (2, 3, 5, 7)
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class Relation:
+    name: str
+    columns: tuple[Column, ...]
+    doc: str
+    role: Role = "input"
+
+    @property
+    def arity(self) -> int:
+        return len(self.columns)
+
+
+def _rel(name: str, doc: str, *cols: str, role: Role = "input") -> Relation:
+    """`cols` are "name:Type" strings."""
+    columns = []
+    for c in cols:
+        n, t = c.split(":")
+        assert t in TYPE_NAMES, (name, t)
+        columns.append(Column(n, t))
+    return Relation(name, tuple(columns), doc, role)
+
+
+# ---------------------------------------------------------------- graph structure
+SEQ_TENSOR = _rel("SeqTensor", "t is a tensor of the sequential program.", "t:TensorId")
+DIST_TENSOR = _rel("DistTensor", "t is a tensor of the distributed (SPMD) program.", "t:TensorId")
+TENSOR_RANK = _rel("Tensor_Rank", "Tensor t has n dims.", "t:TensorId", "n:number")
+TENSOR_DIM = _rel("Tensor_Dim", "Dim i of tensor t has `size` elements.",
+                  "t:TensorId", "i:number", "size:number")
+OP_KIND = _rel("Op_Kind", "Op op has canonical kind `kind` (see dlverify/ir.py).",
+               "op:OpId", "kind:symbol")
+OP_SIG = _rel("Op_Sig", "Ops with equal sig have the same kind and the same shape-independent "
+              "params, so a sequential and a distributed op with equal sig compute the same "
+              "function of their operands.", "op:OpId", "sig:number")
+OP_INPUT = _rel("Op_Input", "Operand `pos` of op is tensor t.", "op:OpId", "pos:number", "t:TensorId")
+OP_OUTPUT = _rel("Op_Output", "Op produces tensor t.", "op:OpId", "t:TensorId")
+
+# ---------------------------------------------------------------- op classes
+ELEM_UNARY = _rel("Elem_Unary", "Op is an elementwise unary op that is not linear.", "op:OpId")
+ELEM_UNARY_LINEAR = _rel("Elem_UnaryLinear", "Op is an elementwise unary linear op (neg).", "op:OpId")
+ELEM_NARY = _rel("Elem_Nary", "Op is an elementwise op of `n` operands that is not linear "
+                 "(max, comparisons, select_n, ...).", "op:OpId", "n:number")
+ELEM_ADDSUB = _rel("Elem_AddSub", "Op is elementwise add or sub (linear in both operands).", "op:OpId")
+ELEM_MUL = _rel("Elem_Mul", "Op is elementwise mul (linear in each operand).", "op:OpId")
+ELEM_DIV = _rel("Elem_Div", "Op is elementwise div (linear in its numerator).", "op:OpId")
+
+# ---------------------------------------------------------------- op params
+BROADCAST = _rel("Broadcast", "Op is broadcast_in_dim.", "op:OpId")
+BROADCAST_DIM = _rel("Broadcast_Dim", "broadcast_in_dim maps operand dim i to output dim j "
+                     "without expanding it.", "op:OpId", "i:number", "j:number")
+TRANSPOSE_PERM = _rel("Transpose_Perm", "transpose: output dim j is operand dim i.",
+                      "op:OpId", "j:number", "i:number")
+RESHAPE_MAP = _rel("Reshape_Map", "reshape: output dim j takes its offset from operand dim i "
+                   "divided by k (k=1: copied; k>1: the first dim of a split group); "
+                   "mode 1: multiplied by k (a merge group); mode 2: always 0.",
+                   "op:OpId", "j:number", "mode:number", "i:number", "k:number")
+SLICE_START = _rel("Slice_Start", "slice (unit strides) starts at `start` in dim i.",
+                   "op:OpId", "i:number", "start:number")
+DYNSLICE_START = _rel("DynSlice_Start", "dynamic_slice on rank r starts at `start` in dim i "
+                      "(start operands folded to constants, clamped as XLA does).",
+                      "op:OpId", "r:Rank", "i:number", "start:number")
+CONCAT_DIM = _rel("Concat_Dim", "concatenate along dim k.", "op:OpId", "k:number")
+CONCAT_OFFSET = _rel("Concat_Offset", "Operand `pos` of concatenate starts at `off` along the "
+                     "concat dim; n operands in all.", "op:OpId", "pos:number", "off:number",
+                     "n:number")
+IOTA_DIM = _rel("Iota_Dim", "Op is an iota counting along dim k.", "op:OpId", "k:number")
+DOT_CONTRACT = _rel("Dot_Contract", "dot_general contracting pair `idx` is lhs dim l with rhs "
+                    "dim r; n pairs in all.", "op:OpId", "idx:number", "l:number", "r:number",
+                    "n:number")
+DOT_OUT = _rel("Dot_Out", "dot_general output dim j is dim i of operand `operand` (0 lhs, 1 rhs); "
+               "for batch dims the matching rhs dim is `other` (else -1).",
+               "op:OpId", "j:number", "operand:number", "i:number", "other:number")
+DOT_NOOUT = _rel("Dot_Scalar", "dot_general with a rank-0 output.", "op:OpId")
+REDUCE_AXIS = _rel("Reduce_Axis", "Reduction over operand dim `axis`, the idx-th of n reduced "
+                   "dims; `reducer` 0 sum, 1 max, 2 min.", "op:OpId", "idx:number", "axis:number",
+                   "n:number", "reducer:number")
+REDUCE_OUT = _rel("Reduce_Out", "Reduction output dim j is operand dim i.", "op:OpId", "j:number",
+                  "i:number")
+CONTRACT_SIZE = _rel("Contract_Size", "Reduced axis `axis` of sequential op has `size` elements.",
+                     "op:OpId", "axis:number", "size:number")
+
+# ---------------------------------------------------------------- collectives
+COLL_MEMBER = _rel("Coll_Member", "Rank r is member `idx` of group g of collective op; "
+                   "groups have n members.", "op:OpId", "g:number", "idx:number", "r:Rank",
+                   "n:number")
+ALL_REDUCE = _rel("AllReduce", "Op is an all-reduce with `reducer` (0 sum, 1 max, 2 min).",
+                  "op:OpId", "reducer:number")
+ALL_GATHER = _rel("AllGather", "Op is an all-gather concatenating along dim k.", "op:OpId", "k:number")
+REDUCE_SCATTER = _rel("ReduceScatter", "Op is a summing reduce-scatter along dim k.",
+                      "op:OpId", "k:number")
+ALL_TO_ALL = _rel("AllToAll", "Op is an all-to-all splitting dim a and concatenating dim b.",
+                  "op:OpId", "a:number", "b:number")
+PERMUTE_PAIR = _rel("Permute_Pair", "collective_permute sends rank src's operand to rank dst.",
+                    "op:OpId", "src:Rank", "dst:Rank")
+GROUP_SCALE = _rel("Group_Scale", "The group size of collective op as a Scale "
+                   "(present when every group has the same, representable, size).",
+                   "op:OpId", "e2:number", "e3:number", "e5:number", "e7:number")
+
+# ---------------------------------------------------------------- constants
+SEQ_SPLAT = _rel("Seq_Splat", "Sequential tensor t holds the value v in every element.",
+                 "t:TensorId", "v:ValueId")
+DIST_SPLAT = _rel("Dist_Splat", "Distributed tensor t holds value v in every element on rank r.",
+                  "t:TensorId", "r:Rank", "v:ValueId")
+VALUE_INT = _rel("Value_Int", "Value v is the integer n.", "v:ValueId", "n:number")
+VALUE_RATIO = _rel("Value_Ratio", "Value a divided by value b is 2^e2 3^e3 5^e5 7^e7.",
+                   "a:ValueId", "b:ValueId", "e2:number", "e3:number", "e5:number", "e7:number")
+RANK_COUNT = _rel("Rank_Count", "The distributed program runs on n ranks.", "n:number")
+
+# ---------------------------------------------------------------- relations at the boundary
+INPUT_PAIR = _rel("Input_Pair", "Distributed input d is a (block of the) sequential input s.",
+                  "s:TensorId", "d:TensorId")
+INPUT_OFF = _rel("Input_Off", "On rank r, dim i of input d starts at offset `off` of s.",
+                 "s:TensorId", "d:TensorId", "r:Rank", "i:number", "off:number")
+OUTPUT_PAIR = _rel("Output_Pair", "Output number idx: sequential s is rebuilt from distributed d.",
+                   "s:TensorId", "d:TensorId", "idx:number")
+OUTPUT_OFF = _rel("Output_Off", "The expected relation: on rank r, dim i of output d is the block "
+                  "of s starting at `off`.", "s:TensorId", "d:TensorId", "r:Rank", "i:number",
+                  "off:number")
+
+# ---------------------------------------------------------------- derived, read by Python
+VIEW = _rel("View", "On rank r, distributed tensor d equals c times (a term p of) the block of "
+            "sequential tensor s at offsets o (the block's sizes are d's shape).",
+            "s:TensorId", "d:TensorId", "r:Rank", "o:OffList", "p:Tag", "c:Scale", role="output")
+OUTPUT_OK = _rel("Output_Ok", "On rank r, output d holds exactly the block of s the expected "
+                 "relation asks for.", "s:TensorId", "d:TensorId", "r:Rank", role="output")
+SEQ_FRONTIER = _rel("Seq_Frontier", "Sequential op whose operands all have views but whose "
+                    "output has none.", "op:OpId", role="output")
+DIST_FRONTIER = _rel("Dist_Frontier", "Distributed op whose operands all have views on rank r "
+                     "but whose output has none there.", "op:OpId", "r:Rank", role="output")
+
+RELATIONS: tuple[Relation, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Relation))
+INPUTS = tuple(r for r in RELATIONS if r.role == "input")
+OUTPUTS = tuple(r for r in RELATIONS if r.role == "output")
+BY_NAME = {r.name: r for r in RELATIONS}
+assert len(BY_NAME) == len(RELATIONS), "duplicate relation name"
+
+
+def render_decls() -> str:
+    """The generated `datalog/schema.dl`."""
+    out = [
+        "// GENERATED from dlverify/schema.py by `python -m dlverify.schema` - do not edit.",
+        "// Defines: the types and every relation exchanged with Python (.input / .output).",
+        "#pragma once",
+        "",
+    ]
+    for name, body, doc in TYPES:
+        out += [f"/** {doc} */", f".type {name} {body}"]
+    out.append("")
+    for rel in RELATIONS:
+        cols = ", ".join(f"{c.name}: {c.type}" for c in rel.columns)
+        out += [f"/** {rel.doc} */", f".decl {rel.name}({cols})", f".{rel.role} {rel.name}", ""]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    from pathlib import Path
+
+    target = Path(__file__).resolve().parent.parent / "datalog" / "schema.dl"
+    target.write_text(render_decls())
+    print(f"wrote {target}")
