@@ -161,3 +161,30 @@ OTHER = frozenset({"dot_general", "constant", "axis_index", "mul", "div",
                    "custom_call"})
 OPS = (ELEMENTWISE_NONLINEAR_UNARY | ELEMENTWISE_LINEAR_UNARY | ELEMENTWISE_NONLINEAR_BINARY
        | ELEMENTWISE_ADDSUB | ELEMENTWISE_NARY | REDUCTIONS | COLLECTIVES | LAYOUT | OTHER)
+
+
+class GraphBuilder:
+    """Appends ops to a graph; the one way frontends and passes create tensors."""
+
+    def __init__(self, graph: Graph, ids: IdAllocator) -> None:
+        self.graph = graph
+        self.ids = ids
+
+    def tensor(self, shape: tuple[int, ...], dtype: str, name: str = "") -> int:
+        tid = self.ids()
+        self.graph.tensors[tid] = Tensor(tid, tuple(int(s) for s in shape), dtype, name)
+        return tid
+
+    def op(self, kind: str, inputs: list[int], shape: tuple[int, ...], dtype: str,
+           params: dict[str, Any] | None = None, loc: SourceLoc | None = None,
+           name: str = "") -> int:
+        assert kind in OPS, kind
+        out = self.tensor(shape, dtype, name)
+        self.graph.ops.append(Op(self.ids(), kind, list(inputs), out, dict(params or {}),
+                                 loc or SourceLoc(), name))
+        return out
+
+    def constant(self, value: np.ndarray | None, shape: tuple[int, ...], dtype: str,
+                 loc: SourceLoc | None = None, name: str = "") -> int:
+        """`value` None means the value is unknown (elided in the file)."""
+        return self.op("constant", [], shape, dtype, {"value": value}, loc, name)

@@ -31,8 +31,9 @@ TYPES: tuple[tuple[str, str, str], ...] = (
     ("Tag", "= [reducer: number, op: OpId, axis: number, lo: number, hi: number]",
      "A partial term: the index range [lo,hi) of reduced axis `axis` of sequential op `op`, "
      "to be combined with `reducer` (0 sum, 1 max, 2 min); nil when the view is complete."),
-    ("Key", "= [a: OffList, b: OffList]",
-     "Identifies one derivation of a view built dim by dim (the operands' offsets)."),
+    ("Key", "= [family: number, a: OffList, b: OffList]",
+     "Identifies one derivation of a view built dim by dim: the rule family and the "
+     "operands' offsets."),
 )
 
 TYPE_NAMES = frozenset(t[0] for t in TYPES) | {"number", "symbol"}
@@ -89,16 +90,20 @@ ELEM_UNARY = _rel("Elem_Unary", "Op is an elementwise unary op that is not linea
 ELEM_UNARY_LINEAR = _rel("Elem_UnaryLinear", "Op is an elementwise unary linear op (neg).", "op:OpId")
 ELEM_NARY = _rel("Elem_Nary", "Op is an elementwise op of `n` operands that is not linear "
                  "(max, comparisons, select_n, ...).", "op:OpId", "n:number")
-ELEM_ADDSUB = _rel("Elem_AddSub", "Op is elementwise add or sub (linear in both operands).", "op:OpId")
+ELEM_ADDSUB = _rel("Elem_AddSub", "Op is elementwise add (sign 1) or sub (sign -1): linear in "
+                   "both operands.", "op:OpId", "sign:number")
 ELEM_MUL = _rel("Elem_Mul", "Op is elementwise mul (linear in each operand).", "op:OpId")
 ELEM_DIV = _rel("Elem_Div", "Op is elementwise div (linear in its numerator).", "op:OpId")
 
 # ---------------------------------------------------------------- op params
 BROADCAST = _rel("Broadcast", "Op is broadcast_in_dim.", "op:OpId")
 BROADCAST_DIM = _rel("Broadcast_Dim", "broadcast_in_dim maps operand dim i to output dim j "
-                     "without expanding it.", "op:OpId", "i:number", "j:number")
+                     "without expanding it; i = -1 for an output dim that is new or expanded "
+                     "from size 1.", "op:OpId", "i:number", "j:number")
+TRANSPOSE = _rel("Transpose", "Op is transpose.", "op:OpId")
 TRANSPOSE_PERM = _rel("Transpose_Perm", "transpose: output dim j is operand dim i.",
                       "op:OpId", "j:number", "i:number")
+RESHAPE = _rel("Reshape", "Op is reshape.", "op:OpId")
 RESHAPE_MAP = _rel("Reshape_Map", "reshape: output dim j takes its offset from operand dim i "
                    "divided by k (k=1: copied; k>1: the first dim of a split group); "
                    "mode 1: multiplied by k (a merge group); mode 2: always 0.",
@@ -113,13 +118,12 @@ CONCAT_OFFSET = _rel("Concat_Offset", "Operand `pos` of concatenate starts at `o
                      "concat dim; n operands in all.", "op:OpId", "pos:number", "off:number",
                      "n:number")
 IOTA_DIM = _rel("Iota_Dim", "Op is an iota counting along dim k.", "op:OpId", "k:number")
+DOT = _rel("Dot", "Op is dot_general with n contracting dim pairs.", "op:OpId", "n:number")
 DOT_CONTRACT = _rel("Dot_Contract", "dot_general contracting pair `idx` is lhs dim l with rhs "
-                    "dim r; n pairs in all.", "op:OpId", "idx:number", "l:number", "r:number",
-                    "n:number")
+                    "dim r.", "op:OpId", "idx:number", "l:number", "r:number")
 DOT_OUT = _rel("Dot_Out", "dot_general output dim j is dim i of operand `operand` (0 lhs, 1 rhs); "
                "for batch dims the matching rhs dim is `other` (else -1).",
                "op:OpId", "j:number", "operand:number", "i:number", "other:number")
-DOT_NOOUT = _rel("Dot_Scalar", "dot_general with a rank-0 output.", "op:OpId")
 REDUCE_AXIS = _rel("Reduce_Axis", "Reduction over operand dim `axis`, the idx-th of n reduced "
                    "dims; `reducer` 0 sum, 1 max, 2 min.", "op:OpId", "idx:number", "axis:number",
                    "n:number", "reducer:number")

@@ -1,0 +1,92 @@
+"""Input and output relations at the program boundary.
+
+A `BlockRelation` says, for every rank, which block of a sequential tensor the
+distributed tensor holds: offsets per dim, the block's sizes being the
+distributed tensor's shape. Replicated is the block at offset 0 of full size.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from dlverify.errors import InputError
+from dlverify.ir import Mesh
+
+# One entry of a PartitionSpec: None (replicated), an axis name, or a tuple of
+# axis names (the dim split over several mesh axes, major to minor).
+SpecEntry = None | str | tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class BlockRelation:
+    seq_shape: tuple[int, ...]
+    dist_shape: tuple[int, ...]
+    offsets: tuple[tuple[int, ...], ...]  # indexed by rank
+
+    def is_replicated(self) -> bool:
+        return self.seq_shape == self.dist_shape
+
+
+def _axes_of(entry: SpecEntry) -> tuple[str, ...]:
+    if entry is None:
+        return ()
+    if isinstance(entry, str):
+        return (entry,)
+    return tuple(entry)
+
+
+def spec_relation(global_shape: Sequence[int], spec: Sequence[SpecEntry], mesh: Mesh,
+                  what: str) -> BlockRelation:
+    """The block each rank holds under a PartitionSpec-like `spec` on `mesh`."""
+    global_shape = tuple(int(s) for s in global_shape)
+    entries = list(spec) + [None] * (len(global_shape) - len(spec))
+    if len(entries) > len(global_shape):
+        raise InputError(f"{what}: partition spec {tuple(spec)} has more entries than the "
+                         f"rank-{len(global_shape)} shape {global_shape}")
+    local = []
+    for dim, (size, entry) in enumerate(zip(global_shape, entries)):
+        axes = _axes_of(entry)
+        for a in axes:
+            if a not in mesh.axis_names:
+                raise InputError(f"{what}: partition spec names mesh axis {a!r}, "
+                                 f"not one of {mesh.axis_names}")
+        n = int(np.prod([mesh.axis_size(a) for a in axes])) if axes else 1
+        if size % n:
+            raise InputError(f"{what}: dim {dim} of size {size} does not split evenly over "
+                             f"{n} shards ({'x'.join(axes)})")
+        local.append(size // n)
+    offsets = []
+    for r in range(mesh.size):
+        coords = mesh.coords(r)
+        offs = []
+        for size, entry, loc in zip(global_shape, entries, local):
+            axes = _axes_of(entry)
+            idx = 0
+            for a in axes:
+                idx = idx * mesh.axis_size(a) + coords[a]
+            offs.append(idx * loc)
+        offsets.append(tuple(offs))
+    return BlockRelation(global_shape, tuple(local), tuple(offsets))
+
+
+def replicated(shape: Sequence[int], ranks: int) -> BlockRelation:
+    shape = tuple(int(s) for s in shape)
+    return BlockRelation(shape, shape, tuple((0,) * len(shape) for _ in range(ranks)))
+
+
+def split_relation(shape: Sequence[int], dim: int, ranks: int,
+                   segments: Sequence[int] | None = None) -> BlockRelation:
+    """Split evenly along `dim`; with `segments` the dim is a concatenation of
+    segments, each split evenly, rank r holding its part of every segment in turn.
+    Such a block is not contiguous, so only the unsegmented form is a BlockRelation."""
+    shape = tuple(int(s) for s in shape)
+    if segments:
+        raise InputError("segmented splits are not a single block")
+    if shape[dim] % ranks:
+        raise InputError(f"dim {dim} of size {shape[dim]} does not split evenly over {ranks} ranks")
+    loc = shape[dim] // ranks
+    local = shape[:dim] + (loc,) + shape[dim + 1:]
+    offs = tuple(tuple(r * loc if i == dim else 0 for i in range(len(shape))) for r in range(ranks))
+    return BlockRelation(shape, local, offs)

@@ -1,0 +1,1 @@
+"""Importers from user formats into dlverify's IR (installed as dlverify.frontends)."""
