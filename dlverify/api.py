@@ -46,7 +46,8 @@ def verify_problem(problem: Problem, engine: EngineName = "auto",
         name=problem.name, verified=verified, outputs=outputs, failures=failures,
         assumptions=list(problem.assumptions), notes=[REAL_ARITHMETIC_NOTE], timings=timings,
         fact_count=sum(len(v) for v in tables.values()),
-        derived_count=sum(len(v) for v in res.relations.values()), engine=res.engine)
+        derived_count=sum(len(v) for v in res.relations.values()), engine=res.engine,
+        views=judge.views)
 
 
 def verify_jax(seq_fn: Callable[..., Any], dist_fn: Callable[..., Any], *args: Any,

@@ -179,7 +179,6 @@ class Exporter:
         k = op.kind
         shapes = [g.tensors[i].shape for i in op.inputs]
         out_shape = g.tensors[op.output].shape
-        self.add(S.OP_KIND, op.id, k)
         for pos, t in enumerate(op.inputs):
             self.add(S.OP_INPUT, op.id, pos, t)
         self.add(S.OP_OUTPUT, op.id, op.output)

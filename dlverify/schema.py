@@ -77,8 +77,6 @@ DIST_TENSOR = _rel("DistTensor", "t is a tensor of the distributed (SPMD) progra
 TENSOR_RANK = _rel("Tensor_Rank", "Tensor t has n dims.", "t:TensorId", "n:number")
 TENSOR_DIM = _rel("Tensor_Dim", "Dim i of tensor t has `size` elements.",
                   "t:TensorId", "i:number", "size:number")
-OP_KIND = _rel("Op_Kind", "Op op has canonical kind `kind` (see dlverify/ir.py).",
-               "op:OpId", "kind:symbol")
 OP_SIG = _rel("Op_Sig", "Ops with equal sig have the same kind and the same shape-independent "
               "params, so a sequential and a distributed op with equal sig compute the same "
               "function of their operands.", "op:OpId", "sig:number")

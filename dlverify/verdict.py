@@ -69,6 +69,9 @@ class Result:
     fact_count: int = 0
     derived_count: int = 0
     engine: str = ""
+    # Every derived view (for --explain and the numeric soundness checks);
+    # left out of the JSON report.
+    views: list[ViewFact] = field(default_factory=list, repr=False)
 
 
 def _offlist(v: object) -> tuple[int, ...]:

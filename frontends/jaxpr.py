@@ -123,9 +123,10 @@ for _n in ["cumsum", "cumprod", "cummax", "cummin"]:
                                            "reverse": bool(e.params["reverse"])})
 
 
-@exporter("pvary", "copy", "copy_p", "reduce_precision", "optimization_barrier")
+@exporter("pvary", "copy", "copy_p", "reduce_precision", "optimization_barrier", "stop_gradient")
 def _alias(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
     # Identities over the reals (pvary is a type-only cast of check_vma;
+    # stop_gradient only affects differentiation, which is already traced;
     # reduce_precision changes rounding only).
     return list(ins)
 

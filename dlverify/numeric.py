@@ -1,0 +1,95 @@
+"""Running both programs on random inputs: numeric witnesses for bug reports and
+numeric checks of derived views (the soundness tests use these)."""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from dlverify.interpret import Interpreter
+from dlverify.problem import Problem
+from dlverify.verdict import ViewFact, scale_value
+
+
+def _block(x: np.ndarray, offsets: tuple[int, ...], shape: tuple[int, ...]) -> np.ndarray:
+    return x[tuple(slice(o, o + n) for o, n in zip(offsets, shape))]
+
+
+@dataclass
+class Run:
+    seq: dict[int, list[np.ndarray]]
+    dist: dict[int, list[np.ndarray]]
+
+
+def random_inputs(problem: Problem, seed: int = 0) -> tuple[list[np.ndarray], list[list[np.ndarray]]]:
+    """Sequential inputs, and each rank's distributed inputs cut from them by the input relations."""
+    rng = np.random.default_rng(seed)
+    seq_in, dist_in = [], []
+    for s, d, rel in zip(problem.seq.inputs, problem.dist.inputs, problem.inputs):
+        t = problem.seq.tensors[s]
+        dt = np.dtype(t.dtype) if t.dtype not in ("bfloat16", "token") else np.dtype(np.float32)
+        if np.issubdtype(dt, np.floating):
+            x = rng.standard_normal(t.shape).astype(np.float64)
+        elif dt == np.bool_:
+            x = rng.integers(0, 2, t.shape).astype(bool)
+        else:
+            x = rng.integers(0, 4, t.shape).astype(dt)
+        seq_in.append(x)
+        dshape = problem.dist.tensors[d].shape
+        dist_in.append([_block(x, rel.offsets[r], dshape) for r in range(problem.mesh.size)])
+    return seq_in, dist_in
+
+
+def run_both(problem: Problem, seed: int = 0) -> Run:
+    seq_in, dist_in = random_inputs(problem, seed)
+    seq_vals = Interpreter(problem.seq, 1).run([[x] for x in seq_in])
+    mesh = problem.mesh
+    dist_vals = Interpreter(problem.dist, mesh.size, lambda r, a: mesh.coords(r)[a]).run(dist_in)
+    return Run(seq_vals, dist_vals)
+
+
+def view_error(run: Run, problem: Problem, v: ViewFact) -> float:
+    """Largest |d - c * s[block]| of a complete view on its rank (wildcards: offset 0)."""
+    d = np.asarray(run.dist[v.dist][v.rank], dtype=np.float64)
+    s = np.asarray(run.seq[v.seq][0], dtype=np.float64)
+    offs = tuple(max(o, 0) for o in v.offsets)
+    want = float(scale_value(v.scale)) * _block(s, offs, d.shape)
+    return float(np.max(np.abs(d - want))) if d.size else 0.0
+
+
+def reduced_size(problem: Problem, op_id: int, axis: int) -> int:
+    """Size of reduced axis `axis` (the idx-th contracted or reduced dim) of a sequential op."""
+    op = next(o for o in problem.seq.ops if o.id == op_id)
+    shape = problem.seq.tensors[op.inputs[0]].shape
+    dims = op.params["lhs_contract"] if op.kind == "dot_general" else op.params["axes"]
+    return shape[dims[axis]]
+
+
+def partial_sum_errors(run: Run, problem: Problem, views: list[ViewFact]) -> list[tuple[tuple, float]]:
+    """For every set of ranks whose partial terms of one reduction tile its range,
+    the largest |sum of their terms - c * s[block]|."""
+    groups: dict[tuple, dict[tuple[int, int], int]] = defaultdict(dict)
+    for v in views:
+        if v.partial is None or v.partial.reducer != 0:
+            continue
+        key = (v.seq, v.dist, v.offsets, v.scale, v.partial.op, v.partial.axis)
+        groups[key].setdefault((v.partial.lo, v.partial.hi), v.rank)
+    out = []
+    for key, ranges in groups.items():
+        pos, ranks = 0, []
+        while True:
+            nxt = [(lo, hi) for lo, hi in ranges if lo == pos]
+            if not nxt:
+                break
+            ranks.append(ranges[nxt[0]])
+            pos = nxt[0][1]
+        s_id, d_id, offsets, scale, op_id, axis = key
+        if pos != reduced_size(problem, op_id, axis):
+            continue
+        total = sum(np.asarray(run.dist[d_id][r], dtype=np.float64) for r in ranks)
+        s = np.asarray(run.seq[s_id][0], dtype=np.float64)
+        want = float(scale_value(scale)) * _block(s, tuple(max(o, 0) for o in offsets), total.shape)
+        if want.shape == total.shape:
+            out.append((key, float(np.max(np.abs(total - want))) if total.size else 0.0))
+    return out
