@@ -55,8 +55,8 @@ class ValueTable:
 
     def __call__(self, v: Any) -> int | None:
         f = float(v)
-        if not np.isfinite(f):
-            return None
+        if np.isnan(f):
+            return None  # NaN equals nothing, not even itself
         if f not in self.ids:
             self.ids[f] = len(self.ids) + 1
         return self.ids[f]
@@ -332,9 +332,15 @@ class Exporter:
                     self.add(S.OUTPUT_OFF, s, d, r, i, o)
 
     def value_facts(self, seq_fold: Folded, dist_fold: Folded) -> None:
-        for f, vid in self.values.ids.items():
+        for f, vid in list(self.values.ids.items()):
+            if not np.isfinite(f):
+                continue
             if float(f).is_integer() and abs(f) < _INT32:
                 self.add(S.VALUE_INT, vid, int(f))
+            if f > 0:
+                e = prime_exponents(Fraction(float(f)))
+                if e is not None and all(abs(x) < 64 for x in e):
+                    self.add(S.VALUE_EXP, vid, *e)
         seq_vals = {v for vals in seq_fold.splat.values() for v in vals}
         dist_vals = {v for vals in dist_fold.splat.values() for v in vals}
         for a in dist_vals:

@@ -155,6 +155,8 @@ DIST_SPLAT = _rel("Dist_Splat", "Distributed tensor t holds value v in every ele
 VALUE_INT = _rel("Value_Int", "Value v is the integer n.", "v:ValueId", "n:number")
 VALUE_RATIO = _rel("Value_Ratio", "Value a divided by value b is 2^e2 3^e3 5^e5 7^e7.",
                    "a:ValueId", "b:ValueId", "e2:number", "e3:number", "e5:number", "e7:number")
+VALUE_EXP = _rel("Value_Exp", "Value v is the positive rational 2^e2 3^e3 5^e5 7^e7.",
+                 "v:ValueId", "e2:number", "e3:number", "e5:number", "e7:number")
 RANK_COUNT = _rel("Rank_Count", "The distributed program runs on n ranks.", "n:number")
 
 # ---------------------------------------------------------------- relations at the boundary

@@ -219,9 +219,14 @@ class Judge:
         seq_anc = self._ancestor_ops(p.seq, [f[2] for f in failing])
         order = {op.id: i for i, op in enumerate(p.dist.ops)}
         dist_ops = [o for o in self.dist_frontier if o in dist_anc]
+        reduced_later = self._reduced_downstream()
         for op_id in sorted(dist_ops, key=order.__getitem__):
             op = self.dist_ops[op_id]
             ranks = tuple(sorted(self.dist_frontier[op_id]))
+            never = self._unreduced_partial(op, ranks[0], reduced_later)
+            if never is not None:
+                out.append(never)
+                continue
             reason = self.reason(op, ranks)
             msg = (f"no relation to the sequential program derived for the output of "
                    f"{op.kind} on ranks {list(ranks)}")
@@ -237,6 +242,65 @@ class Judge:
                                f"program but no distributed value equals (a block of) its output",
                                "sequential", op.loc.frames))
         return out
+
+    def _reduced_downstream(self) -> set[int]:
+        """Distributed tensors from which some reducing collective is reachable."""
+        consumers: dict[int, list[Op]] = defaultdict(list)
+        for op in self.p.dist.ops:
+            for i in op.inputs:
+                consumers[i].append(op)
+        has: set[int] = set()
+        for op in reversed(self.p.dist.ops):
+            for i in op.inputs:
+                if op.kind in ("all_reduce", "reduce_scatter") or op.output in has:
+                    has.add(i)
+        return has
+
+    def _unreduced_partial(self, op: Op, rank: int, reduced_later: set[int]) -> Failure | None:
+        """A partial operand with no reducing collective anywhere downstream: the bug is
+        the missing reduction, at the op that created the partial sum."""
+        if op.output in reduced_later or op.kind in ("all_reduce", "reduce_scatter"):
+            return None
+        for t in op.inputs:
+            for v in self.by_dist.get((t, rank), []):
+                if v.partial is not None:
+                    origin = self.origin(t, rank, [v]) or op
+                    reason = "partial result never reduced: add the missing all-reduce"
+                    kind = {0: "sum", 1: "max", 2: "min"}[v.partial.reducer]
+                    mover = self._split_by_data_movement(origin)
+                    if mover is not None:
+                        reason = (f"{origin.kind} reduces a dim that {mover.kind} left split "
+                                  f"over the ranks, and nothing completes the partial {kind}")
+                        msg = (f"{mover.kind} splits the dim that {self.op_desc(origin)} "
+                               f"reduces, so each rank holds only a partial {kind} "
+                               f"({self.view_text(v)}) that is never reduced")
+                        return Failure(mover.kind, mover.loc.file, mover.loc.line,
+                                       f"{msg}: {reason}", "distributed", mover.loc.frames,
+                                       (rank,), reason)
+                    msg = (f"{origin.kind} produces a partial {kind} on every rank "
+                           f"({self.view_text(v)}) and no all-reduce or reduce-scatter follows "
+                           f"before {op.kind} at {_short(op.loc.file)}:{op.loc.line} uses it")
+                    return Failure(origin.kind, origin.loc.file, origin.loc.line,
+                                   f"{msg}: {reason}", "distributed", origin.loc.frames,
+                                   (rank,), reason)
+        return None
+
+    def _split_by_data_movement(self, reducer: Op) -> Op | None:
+        """The collective or slice that produced the operand of `reducer` (through
+        same-shape elementwise ops): where the reduced dim became split."""
+        if not reducer.inputs:
+            return None
+        t = reducer.inputs[0]
+        shape = self.p.dist.tensors[t].shape
+        while t in self.dist_prod:
+            op = self.dist_prod[t]
+            if op.kind in ("all_to_all", "all_gather", "reduce_scatter", "dynamic_slice", "slice"):
+                return op
+            same = [i for i in op.inputs if self.p.dist.tensors[i].shape == shape]
+            if not same or self.p.dist.tensors[op.output].shape != shape:
+                return None
+            t = same[0]
+        return None
 
     def operand_views(self, op: Op, rank: int) -> str:
         parts = []
@@ -318,14 +382,18 @@ class Judge:
                         msg = (f"{name} on rank {r} is a partial sum that is never reduced "
                                f"({self.view_text(v)})")
                     elif v.scale != UNIT:
+                        entry = self.origin(d, r, vs)
                         msg = (f"{name} on rank {r} is {scale_value(v.scale)} times the sequential "
-                               f"value: scale differs by {scale_value(v.scale)}")
+                               f"value: scale differs by {scale_value(v.scale)}"
+                               + (f" (the factor enters at {self.op_desc(entry)})" if entry else ""))
                     else:
                         msg = (f"{name} on rank {r} holds {_fmt_offsets(v.offsets, shape)} of the "
                                f"sequential output but the output relation requires {exp}")
                 if len(bad) > 1:
                     msg += f" (ranks {bad} fail)"
-                loc_op = self.origin(d, r, vs) or prod
+                loc_op = prod
+                if vs and vs[0].partial is not None:
+                    loc_op = self.origin(d, r, vs) or prod
                 frames = loc_op.loc.frames if loc_op else ()
                 out.append(Failure(loc_op.kind if loc_op else "output",
                                    loc_op.loc.file if loc_op else "", loc_op.loc.line if loc_op else 0,

@@ -105,6 +105,28 @@ def _simple(kind: str, params: Callable[[Any], dict] | None = None) -> Exporter:
     return ex
 
 
+def _elementwise(kind: str, params: Callable[[Any], dict] | None = None) -> Exporter:
+    """Elementwise ops; jaxprs broadcast rank-0 operands and size-1 dims implicitly,
+    the IR does it with explicit broadcast_in_dim ops so one rule family serves."""
+    def ex(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
+        shape, dtype = _out(eqn)
+        loc = _loc(eqn)
+        args = []
+        for t in ins:
+            ten = ctx.b.graph.tensors[t]
+            if ten.shape != shape:
+                dims = tuple(range(len(shape))) if ten.rank == len(shape) else ()
+                if ten.rank not in (0, len(shape)):
+                    raise InputError(f"{kind}: operand of shape {ten.shape} for output {shape}",
+                                     loc.file, loc.line)
+                t = ctx.b.op("broadcast_in_dim", [t], shape, ten.dtype,
+                             {"broadcast_dimensions": dims}, loc, "broadcast_in_dim")
+            args.append(t)
+        return [ctx.b.op(kind, args, shape, dtype, params(eqn) if params else {}, loc,
+                         eqn.primitive.name)]
+    return ex
+
+
 _UNARY = ["exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sqrt", "rsqrt", "cbrt",
           "abs", "sign", "sin", "cos", "tan", "erf", "erfc", "erf_inv", "floor", "ceil",
           "not", "is_finite", "square", "asin", "acos", "atan", "sinh", "cosh", "asinh",
@@ -114,10 +136,10 @@ _BINARY = ["add", "sub", "mul", "div", "max", "min", "pow", "atan2", "rem", "and
            "eq", "ne", "lt", "le", "gt", "ge", "nextafter", "shift_left", "shift_right_logical",
            "shift_right_arithmetic", "complex"]
 for _n in _UNARY + _BINARY + ["select_n", "clamp"]:
-    EXPORTERS[_n] = _simple(_n)
-EXPORTERS["add_any"] = _simple("add")
-EXPORTERS["round"] = _simple("round", lambda e: {"rounding": str(e.params.get("rounding_method"))})
-EXPORTERS["integer_pow"] = _simple("integer_pow", lambda e: {"y": int(e.params["y"])})
+    EXPORTERS[_n] = _elementwise(_n)
+EXPORTERS["add_any"] = _elementwise("add")
+EXPORTERS["round"] = _elementwise("round", lambda e: {"rounding": str(e.params.get("rounding_method"))})
+EXPORTERS["integer_pow"] = _elementwise("integer_pow", lambda e: {"y": int(e.params["y"])})
 for _n in ["cumsum", "cumprod", "cummax", "cummin"]:
     EXPORTERS[_n] = _simple(_n, lambda e: {"axis": int(e.params["axis"]),
                                            "reverse": bool(e.params["reverse"])})

@@ -1,0 +1,237 @@
+"""The custom-call registry of the HLO frontend and its expansions into IR ops.
+
+The registry (a TOML file, built in: dlverify/custom_calls.toml) maps a
+`custom_call_target` to an expansion name and its options. Each expansion
+emits ordinary IR ops for one call and returns the result tensor plus the
+assumption it stands for; the frontend lists every assumption in
+`Problem.assumptions`. Users add targets with their own TOML file
+(`load_registry(path)` merges it over the built-in one).
+"""
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+from dlverify.errors import InputError
+from dlverify.ir import ELEMENTWISE_LINEAR_UNARY, ELEMENTWISE_NONLINEAR_UNARY, SourceLoc
+
+if TYPE_CHECKING:
+    from dlverify.frontends.hlo_text import HloInstruction, _Lowerer
+
+BUILTIN_NAME = "dlverify/custom_calls.toml"
+
+
+@dataclass(frozen=True)
+class CustomCallSpec:
+    target: str
+    expand: str
+    operands: tuple[str, ...] = ()
+    options: dict[str, Any] = field(default_factory=dict)
+    source: str = BUILTIN_NAME   # the registry file, as shown in assumptions
+    line: int = 0
+
+
+Expansion = Callable[["CustomCallSpec", "_Lowerer", "HloInstruction", list[Any], SourceLoc],
+                     tuple[int, str]]
+EXPANSIONS: dict[str, Expansion] = {}
+_OPTIONS = {"expand", "operands", "doc", "dim", "kind"}
+
+
+def expansion(name: str) -> Callable[[Expansion], Expansion]:
+    def deco(fn: Expansion) -> Expansion:
+        EXPANSIONS[name] = fn
+        return fn
+    return deco
+
+
+def _key_line(text: str, key: str) -> int:
+    pat = re.compile(r'^\s*(\[\s*)?"?' + re.escape(key) + r'"?\s*(\]|=)')
+    for i, line in enumerate(text.splitlines(), 1):
+        if pat.match(line):
+            return i
+    return 0
+
+
+def parse_registry(text: str, source: str) -> dict[str, CustomCallSpec]:
+    """Parse registry TOML text; `source` names the file in errors and assumptions."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        m = re.search(r"line (\d+)", str(e))
+        raise InputError(f"custom-call registry: {e}", source, int(m.group(1)) if m else 0) from None
+    out: dict[str, CustomCallSpec] = {}
+    for target, entry in data.items():
+        line = _key_line(text, target)
+        if not isinstance(entry, dict):
+            raise InputError(f"custom call {target}: expected a table such as "
+                             f"{{ expand = \"identity\" }}", source, line)
+        unknown = set(entry) - _OPTIONS
+        if unknown:
+            raise InputError(f"custom call {target}: unknown field(s) {', '.join(sorted(unknown))} "
+                             f"(known: {', '.join(sorted(_OPTIONS))})", source, line)
+        exp = entry.get("expand")
+        if exp not in EXPANSIONS:
+            raise InputError(f"custom call {target}: expand = {exp!r} is not one of "
+                             f"{', '.join(sorted(EXPANSIONS))}", source, line)
+        operands = entry.get("operands", [])
+        if not isinstance(operands, list) or not all(isinstance(o, str) for o in operands):
+            raise InputError(f"custom call {target}: operands must be a list of names", source, line)
+        opts = {k: v for k, v in entry.items() if k not in ("expand", "operands")}
+        if exp == "rms_norm":
+            dim = opts.get("dim")
+            if not (isinstance(dim, int) and not isinstance(dim, bool)) and dim != "backend_config":
+                raise InputError(f"custom call {target}: rms_norm needs dim = <int> or "
+                                 f"\"backend_config\"", source, line)
+            if len(operands) != 3:
+                raise InputError(f"custom call {target}: rms_norm takes 3 operands (input, weight, "
+                                 f"epsilon)", source, line)
+        if exp == "unary":
+            kind = opts.get("kind")
+            if kind not in ELEMENTWISE_NONLINEAR_UNARY | ELEMENTWISE_LINEAR_UNARY:
+                raise InputError(f"custom call {target}: unary needs kind = an elementwise unary IR "
+                                 f"op, got {kind!r}", source, line)
+        out[target] = CustomCallSpec(target, exp, tuple(operands), opts, source, line)
+    return out
+
+
+@lru_cache(maxsize=1)
+def _builtin() -> dict[str, CustomCallSpec]:
+    text = resources.files("dlverify").joinpath("custom_calls.toml").read_text(encoding="utf-8")
+    return parse_registry(text, BUILTIN_NAME)
+
+
+def builtin_registry() -> dict[str, CustomCallSpec]:
+    """The registry shipped as dlverify/custom_calls.toml."""
+    return dict(_builtin())
+
+
+def load_registry(path: str | Path | None = None) -> dict[str, CustomCallSpec]:
+    """The built-in registry, with the entries of the TOML file `path` (if any)
+    added or overriding."""
+    reg = builtin_registry()
+    if path is not None:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as e:
+            raise InputError(f"cannot read custom-call registry: {e.strerror}", str(path)) from None
+        reg.update(parse_registry(text, str(path)))
+    return reg
+
+
+def expand(spec: CustomCallSpec, L: "_Lowerer", ins: "HloInstruction", ops: list[Any],
+           loc: SourceLoc) -> tuple[int, str]:
+    """Emit the ops of one custom call; return (result tensor, assumption text)."""
+    if spec.operands and len(ops) != len(spec.operands):
+        raise L.err(ins, f"custom call {spec.target} has {len(ops)} operands but the registry "
+                         f"({spec.source}) declares {len(spec.operands)}: "
+                         f"{', '.join(spec.operands)}")
+    return EXPANSIONS[spec.expand](spec, L, ins, ops, loc)
+
+
+def _names(spec: CustomCallSpec, n: int) -> str:
+    return ", ".join(spec.operands) if spec.operands else ", ".join(f"x{i}" for i in range(n))
+
+
+@expansion("identity")
+def _identity(spec: CustomCallSpec, L: "_Lowerer", ins: "HloInstruction", ops: list[Any],
+              loc: SourceLoc) -> tuple[int, str]:
+    if len(ops) != 1:
+        raise L.err(ins, f"custom call {spec.target} (identity) needs exactly one operand")
+    t = L.tid(ins, ops[0])
+    out = L.array_shape(ins)
+    if L.shape_of(t) != out.dims:
+        raise L.err(ins, f"custom call {spec.target} (identity) changes the shape "
+                         f"{L.shape_of(t)} -> {out.dims}")
+    return t, f"custom call {spec.target} assumed to be the identity ({spec.source})"
+
+
+@expansion("unary")
+def _unary(spec: CustomCallSpec, L: "_Lowerer", ins: "HloInstruction", ops: list[Any],
+           loc: SourceLoc) -> tuple[int, str]:
+    if len(ops) != 1:
+        raise L.err(ins, f"custom call {spec.target} (unary) needs exactly one operand")
+    t = L.tid(ins, ops[0])
+    out = L.array_shape(ins)
+    if L.shape_of(t) != out.dims:
+        raise L.err(ins, f"custom call {spec.target} changes the shape {L.shape_of(t)} -> {out.dims}")
+    kind = spec.options["kind"]
+    r = L.emit(kind, [t], out.dims, out.dtype, {}, loc, ins.name)
+    return r, f"custom call {spec.target} assumed to compute {kind}({_names(spec, 1)}) ({spec.source})"
+
+
+@expansion("silu")
+def _silu(spec: CustomCallSpec, L: "_Lowerer", ins: "HloInstruction", ops: list[Any],
+          loc: SourceLoc) -> tuple[int, str]:
+    if len(ops) != 1:
+        raise L.err(ins, f"custom call {spec.target} (silu) needs exactly one operand")
+    t = L.tid(ins, ops[0])
+    out = L.array_shape(ins)
+    if L.shape_of(t) != out.dims:
+        raise L.err(ins, f"custom call {spec.target} changes the shape {L.shape_of(t)} -> {out.dims}")
+    s = L.emit("logistic", [t], out.dims, L.dtype_of(t), {}, loc, ins.name)
+    r = L.emit("mul", [t, s], out.dims, out.dtype, {}, loc, ins.name)
+    return r, (f"custom call {spec.target} assumed to compute silu({_names(spec, 1)}) = "
+               f"x * logistic(x) ({spec.source})")
+
+
+@expansion("rms_norm")
+def _rms_norm(spec: CustomCallSpec, L: "_Lowerer", ins: "HloInstruction", ops: list[Any],
+              loc: SourceLoc) -> tuple[int, str]:
+    """y = x * rsqrt(sum(x * x over dim) / n + eps) * w, w broadcast along dim."""
+    if len(ops) != 3:
+        raise L.err(ins, f"custom call {spec.target} (rms_norm) needs (input, weight, epsilon)")
+    x, w, eps = (L.tid(ins, v) for v in ops)
+    xs, dt = L.shape_of(x), L.dtype_of(x)
+    out = L.array_shape(ins)
+    dim_opt = spec.options["dim"]
+    if dim_opt == "backend_config":
+        bc = (ins.attrs.get("backend_config") or "").strip().strip('"')
+        if not re.fullmatch(r"-?\d+", bc):
+            raise L.err(ins, f"custom call {spec.target}: backend_config {bc!r} is not the "
+                             f"normalised dim (registry {spec.source} says dim = \"backend_config\")")
+        dim = int(bc)
+    else:
+        dim = int(dim_opt)
+    if dim < 0:
+        dim += len(xs)
+    if not 0 <= dim < len(xs):
+        raise L.err(ins, f"custom call {spec.target}: dim {dim} outside the rank-{len(xs)} input")
+    if out.dims != xs:
+        raise L.err(ins, f"custom call {spec.target}: result shape {out.dims} differs from the "
+                         f"input shape {xs}")
+    if L.shape_of(w) != (xs[dim],):
+        raise L.err(ins, f"custom call {spec.target}: weight shape {L.shape_of(w)} is not "
+                         f"({xs[dim]},), the size of dim {dim}")
+    if L.shape_of(eps) != ():
+        raise L.err(ins, f"custom call {spec.target}: epsilon must be a scalar")
+    rest = tuple(s for i, s in enumerate(xs) if i != dim)
+    keep = tuple(i for i in range(len(xs)) if i != dim)
+    name = ins.name
+    sq = L.emit("mul", [x, x], xs, dt, {}, loc, name)
+    ss = L.emit("reduce_sum", [sq], rest, dt, {"axes": (dim,)}, loc, name)
+    nval = np.array(xs[dim], dtype=_np(dt))
+    n = L.b.constant(nval, (), dt, loc, name)
+    L.known[n] = nval
+    nb = L.emit("broadcast_in_dim", [n], rest, dt, {"broadcast_dimensions": ()}, loc, name)
+    mean = L.emit("div", [ss, nb], rest, dt, {}, loc, name)
+    eb = L.emit("broadcast_in_dim", [eps], rest, L.dtype_of(eps), {"broadcast_dimensions": ()}, loc, name)
+    v = L.emit("add", [mean, eb], rest, dt, {}, loc, name)
+    r = L.emit("rsqrt", [v], rest, dt, {}, loc, name)
+    rb = L.emit("broadcast_in_dim", [r], xs, dt, {"broadcast_dimensions": keep}, loc, name)
+    xn = L.emit("mul", [x, rb], xs, dt, {}, loc, name)
+    wb = L.emit("broadcast_in_dim", [w], xs, L.dtype_of(w), {"broadcast_dimensions": (dim,)}, loc, name)
+    y = L.emit("mul", [xn, wb], xs, out.dtype, {}, loc, name)
+    return y, (f"custom call {spec.target} assumed to compute rms_norm({_names(spec, 3)}) over dim "
+               f"{dim} ({spec.source})")
+
+
+def _np(dtype: str) -> Any:
+    from dlverify.frontends.hlo_text import _np_dtype
+    return _np_dtype(dtype)
