@@ -1,0 +1,68 @@
+"""Ring shift with ppermute: jnp.roll of a row-sharded array by one block.
+
+x (rows, cols) is sharded on its rows over 'ring' (N ranks, BLOCK rows
+each). jnp.roll(x, BLOCK, axis=0) moves block r to position r + 1 (mod N),
+so each rank sends its block to the next rank. N = 4: with only two ranks
+both directions would coincide.
+
+Cases: the correct shift and a buggy twin that sends to the previous rank.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+
+import dlverify
+
+N = 4
+BLOCK, COLS = 4, 8
+ROWS = N * BLOCK
+
+
+def _mesh(shape, names):
+    """A mesh over the first prod(shape) devices (axis types Auto)."""
+    n = int(np.prod(shape))
+    devices = jax.devices()
+    if len(devices) < n:
+        raise RuntimeError(
+            f"this case needs {n} devices but JAX sees {len(devices)}; set "
+            "XLA_FLAGS=--xla_force_host_platform_device_count=8 before importing jax")
+    return Mesh(np.array(devices[:n]).reshape(shape), names)
+
+
+def _args():
+    return (jax.ShapeDtypeStruct((ROWS, COLS), jnp.float32),)
+
+
+def _dist(local_fn):
+    mesh = _mesh((N,), ("ring",))
+    return jax.jit(jax.shard_map(local_fn, mesh=mesh, in_specs=(P("ring", None),),
+                                 out_specs=P("ring", None)))
+
+
+def roll_seq(x):
+    return jnp.roll(x, shift=BLOCK, axis=0)
+
+
+def roll_local(x):
+    to_next = [(r, (r + 1) % N) for r in range(N)]
+    return jax.lax.ppermute(x, "ring", perm=to_next)
+
+
+@dlverify.case
+def ring_shift():
+    return dlverify.Case(
+        seq=roll_seq, dist=_dist(roll_local), args=_args(), expect="verified",
+        description="jnp.roll by one block as a ppermute to the next rank; N=4")
+
+
+def roll_local_wrong_direction(x):
+    """Bug: each block is sent to the previous rank, i.e. a roll by -BLOCK."""
+    return jax.lax.ppermute(x, "ring", perm=[(r, (r - 1) % N) for r in range(N)])  # BUG: ppermute in the wrong direction
+
+
+@dlverify.case
+def ring_shift_bug_wrong_direction():
+    return dlverify.Case(
+        seq=roll_seq, dist=_dist(roll_local_wrong_direction), args=_args(), expect="bug",
+        description="ring shift whose ppermute sends each block to the previous rank")

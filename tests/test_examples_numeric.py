@@ -1,0 +1,96 @@
+"""Run every case in examples/*.py on random data.
+
+This is a sanity check on the examples themselves, not on the verifier:
+correct cases (expect="verified") must agree with their sequential
+reference and buggy twins (expect="bug") must visibly differ from it.
+"""
+import os
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"  # before importing jax
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import jax  # noqa: E402
+
+from dlverify.case import CASE_MARKER  # noqa: E402
+
+EXAMPLES = ROOT / "examples"
+RTOL = ATOL = 1e-4
+BUG_MIN_DIFF = 1e-3
+
+
+def _load(path):
+    name = f"_dlverify_example_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _collect():
+    found = []
+    for path in sorted(EXAMPLES.glob("*.py")):
+        module = _load(path)
+        for attr, fn in vars(module).items():
+            if callable(fn) and getattr(fn, CASE_MARKER, False) and fn.__module__ == module.__name__:
+                found.append(pytest.param(fn, id=f"{path.name}::{attr}"))
+    return found
+
+
+CASES = _collect()
+
+
+def _materialize(args, seed=0):
+    rng = np.random.default_rng(seed)
+
+    def one(a):
+        if isinstance(a, jax.ShapeDtypeStruct):
+            return rng.standard_normal(a.shape).astype(np.float32).astype(a.dtype)
+        return a
+
+    return jax.tree.map(one, args)
+
+
+def _max_abs_diff(seq_out, dist_out):
+    seq_leaves, seq_tree = jax.tree.flatten(seq_out)
+    dist_leaves, dist_tree = jax.tree.flatten(dist_out)
+    assert seq_tree == dist_tree, f"output pytrees differ: {seq_tree} vs {dist_tree}"
+    diffs, close = [], True
+    for s, d in zip(seq_leaves, dist_leaves):
+        s, d = np.asarray(s), np.asarray(d)
+        assert s.shape == d.shape, f"output shapes differ: {s.shape} vs {d.shape}"
+        assert s.dtype == d.dtype, f"output dtypes differ: {s.dtype} vs {d.dtype}"
+        diffs.append(float(np.max(np.abs(s.astype(np.float64) - d.astype(np.float64)), initial=0.0)))
+        close = close and np.allclose(s, d, rtol=RTOL, atol=ATOL)
+    return max(diffs, default=0.0), close
+
+
+def test_examples_were_found():
+    assert len(jax.devices()) >= 8
+    assert len(CASES) >= 8
+
+
+@pytest.mark.parametrize("make_case", CASES)
+def test_case_numerics(make_case):
+    case = make_case()
+    assert case.expect in ("verified", "bug")
+    for a in case.args:
+        assert isinstance(a, jax.ShapeDtypeStruct)
+    args = _materialize(case.args)
+    seq_out = case.seq(*args)
+    dist_out = case.dist(*args)
+    diff, close = _max_abs_diff(seq_out, dist_out)
+    if case.expect == "verified":
+        assert close, f"correct case disagrees with its reference: max abs diff {diff:.3g}"
+    else:
+        assert diff > BUG_MIN_DIFF, f"buggy twin agrees with its reference: max abs diff {diff:.3g}"
