@@ -21,6 +21,11 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Prove a distributed ML program computes what its sequential version computes.")
 
 
+@app.callback()
+def _root() -> None:
+    """Prove a distributed ML program computes what its sequential version computes."""
+
+
 def ensure_host_devices(n: int = HOST_DEVICES) -> None:
     """Ask XLA for n host CPU devices; must run before JAX is imported."""
     flags = os.environ.get("XLA_FLAGS", "")
