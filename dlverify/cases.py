@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import sys
 import time
 import traceback
@@ -71,6 +72,13 @@ def load_cases(path: Path, name: str | None = None) -> list[tuple[str, Callable[
     return found
 
 
+def _def_line(fn: Callable) -> int:
+    try:
+        return inspect.getsourcelines(fn)[1]
+    except (OSError, TypeError):
+        return 0
+
+
 def _user_line(e: BaseException, path: Path) -> int:
     line = 0
     for fr in traceback.extract_tb(e.__traceback__):
@@ -98,5 +106,11 @@ def run_case(path: Path, name: str, fn: Callable[[], Case], engine: str = "auto"
         raise InputError(f"case {name}: expect must be 'verified' or 'bug', not {c.expect!r}",
                          str(path))
     keep = keep_facts / name if keep_facts is not None else None
-    res = verify_jax(c.seq, c.dist, *c.args, engine=engine, keep_facts=keep, name=name)  # type: ignore[arg-type]
+    try:
+        res = verify_jax(c.seq, c.dist, *c.args, engine=engine, keep_facts=keep,  # type: ignore[arg-type]
+                         name=name)
+    except InputError as e:
+        if not e.file:  # nothing better known: point at the case
+            e.file, e.line = str(path), _def_line(fn)
+        raise
     return CaseOutcome(name, str(path), c.expect, res, seconds=time.perf_counter() - t0)

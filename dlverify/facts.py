@@ -27,6 +27,13 @@ _REDUCE_KIND = {"reduce_sum": S.REDUCER_SUM, "reduce_max": S.REDUCER_MAX, "reduc
 _INT32 = 2 ** 31
 
 
+def _is_float(dtype: str) -> bool:
+    try:
+        return bool(np.issubdtype(np.dtype(dtype), np.inexact))
+    except TypeError:
+        return dtype in ("bfloat16", "float8_e4m3fn", "float8_e5m2")
+
+
 def prime_exponents(x: Fraction) -> tuple[int, int, int, int] | None:
     """x as 2^a 3^b 5^c 7^d, or None when x is not positive or has other factors."""
     if x <= 0:
@@ -141,6 +148,7 @@ class Exporter:
         self.t: FactTables = defaultdict(list)
         self.values = ValueTable()
         self.sigs: dict[tuple, int] = {}
+        self.iota_along: dict[int, set[int]] = {}
 
     def add(self, rel: S.Relation, *row: Any) -> None:
         assert len(row) == rel.arity, (rel.name, row)
@@ -165,6 +173,10 @@ class Exporter:
         fold = self.folds[id(g)]
         for op in g.ops:
             self.op(g, op, fold, dist)
+        if not dist:
+            for t, dims in self.iota_along.items():
+                for k in dims:
+                    self.add(S.IOTA_ALONG, t, k)
         for t, vals in fold.splat.items():
             ids = [self.values(v) for v in vals]
             if any(i is None for i in ids):
@@ -192,13 +204,18 @@ class Exporter:
             self.add(S.ELEM_ADDSUB, op.id, 1 if k == "add" else -1)
         elif k == "mul":
             self.add(S.ELEM_MUL, op.id)
-        elif k == "div":
+        elif k == "div" and _is_float(g.tensors[op.output].dtype):
             self.add(S.ELEM_DIV, op.id)
-        elif k in ir.ELEMENTWISE_NONLINEAR_BINARY or k in ir.ELEMENTWISE_NARY:
+        elif k == "div" or k in ir.ELEMENTWISE_NONLINEAR_BINARY or k in ir.ELEMENTWISE_NARY:
+            # Integer division truncates: not linear, so it only matches itself.
             self.add(S.ELEM_NARY, op.id, len(op.inputs))
         elif k == "broadcast_in_dim":
             bd = op.params["broadcast_dimensions"]
             expanded = tuple(shapes[0][i] != out_shape[j] for i, j in enumerate(bd))
+            if not dist and op.inputs[0] in self.iota_along:
+                # A broadcast of an iota along i counts along the dim i maps to.
+                self.iota_along[op.output] = {bd[i] for i in self.iota_along[op.inputs[0]]
+                                              if not expanded[i]}
             self.add(S.BROADCAST, op.id)
             mapped = {}
             for i, j in enumerate(bd):
@@ -234,6 +251,8 @@ class Exporter:
                 off += sh[dim]
         elif k == "iota":
             self.add(S.IOTA_DIM, op.id, op.params["dimension"])
+            if not dist:
+                self.iota_along[op.output] = {op.params["dimension"]}
         elif k == "dot_general":
             self.dot(op, shapes, dist)
             sig_key = (k, op.params["lhs_contract"], op.params["rhs_contract"],
@@ -318,11 +337,13 @@ class Exporter:
     def boundary(self) -> None:
         p = self.p
         self.add(S.RANK_COUNT, p.mesh.size)
+        seed = 0
         for s, d, rel in zip(p.seq.inputs, p.dist.inputs, p.inputs):
-            self.add(S.INPUT_PAIR, s, d)
             for r, offs in enumerate(rel.offsets):
+                seed += 1
+                self.add(S.SEED, seed, s, d, r, -1, 0, 0, 0, 0, 0, 0, 0, 0)
                 for i, o in enumerate(offs):
-                    self.add(S.INPUT_OFF, s, d, r, i, o)
+                    self.add(S.SEED_OFF, seed, i, o)
         for idx, (s, d, rel) in enumerate(zip(p.seq.outputs, p.dist.outputs, p.outputs)):
             self.add(S.OUTPUT_PAIR, s, d, idx)
             if rel is None:

@@ -116,6 +116,8 @@ CONCAT_OFFSET = _rel("Concat_Offset", "Operand `pos` of concatenate starts at `o
                      "concat dim; n operands in all.", "op:OpId", "pos:number", "off:number",
                      "n:number")
 IOTA_DIM = _rel("Iota_Dim", "Op is an iota counting along dim k.", "op:OpId", "k:number")
+IOTA_ALONG = _rel("Iota_Along", "Sequential tensor s holds its own index along dim k (an iota, or a "
+                  "broadcast of one).", "s:TensorId", "k:number")
 DOT = _rel("Dot", "Op is dot_general with n contracting dim pairs.", "op:OpId", "n:number")
 DOT_CONTRACT = _rel("Dot_Contract", "dot_general contracting pair `idx` is lhs dim l with rhs "
                     "dim r.", "op:OpId", "idx:number", "l:number", "r:number")
@@ -160,10 +162,13 @@ VALUE_EXP = _rel("Value_Exp", "Value v is the positive rational 2^e2 3^e3 5^e5 7
 RANK_COUNT = _rel("Rank_Count", "The distributed program runs on n ranks.", "n:number")
 
 # ---------------------------------------------------------------- relations at the boundary
-INPUT_PAIR = _rel("Input_Pair", "Distributed input d is a (block of the) sequential input s.",
-                  "s:TensorId", "d:TensorId")
-INPUT_OFF = _rel("Input_Off", "On rank r, dim i of input d starts at offset `off` of s.",
-                 "s:TensorId", "d:TensorId", "r:Rank", "i:number", "off:number")
+SEED = _rel("Seed", "View seed `id`: on rank r, d equals 2^e2 3^e3 5^e5 7^e7 times the block of s "
+            "(offsets in Seed_Off); when red >= 0 it is only the partial term [red, op, axis, lo, hi]. "
+            "Seeds are the input relations, and the views carried into a segment from earlier ones.",
+            "id:number", "s:TensorId", "d:TensorId", "r:Rank", "red:number", "op:OpId", "axis:number",
+            "lo:number", "hi:number", "e2:number", "e3:number", "e5:number", "e7:number")
+SEED_OFF = _rel("Seed_Off", "Dim i of the block of seed `id` starts at `off` (-1: any).",
+                "id:number", "i:number", "off:number")
 OUTPUT_PAIR = _rel("Output_Pair", "Output number idx: sequential s is rebuilt from distributed d.",
                    "s:TensorId", "d:TensorId", "idx:number")
 OUTPUT_OFF = _rel("Output_Off", "The expected relation: on rank r, dim i of output d is the block "

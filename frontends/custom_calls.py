@@ -221,7 +221,8 @@ def _rms_norm(spec: CustomCallSpec, L: "_Lowerer", ins: "HloInstruction", ops: l
     L.known[n] = nval
     nb = L.emit("broadcast_in_dim", [n], rest, dt, {"broadcast_dimensions": ()}, loc, name)
     mean = L.emit("div", [ss, nb], rest, dt, {}, loc, name)
-    eb = L.emit("broadcast_in_dim", [eps], rest, L.dtype_of(eps), {"broadcast_dimensions": ()}, loc, name)
+    eb = L.emit("broadcast_in_dim", [eps], rest, L.dtype_of(eps), {"broadcast_dimensions": ()},
+                loc, name)
     v = L.emit("add", [mean, eb], rest, dt, {}, loc, name)
     r = L.emit("rsqrt", [v], rest, dt, {}, loc, name)
     rb = L.emit("broadcast_in_dim", [r], xs, dt, {"broadcast_dimensions": keep}, loc, name)

@@ -24,6 +24,7 @@ Two stages:
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -562,6 +563,21 @@ def _parse_table_line(kind: str, body: str, tables: FrameTables, file: str, line
 _TABLES = ("FileNames", "FunctionNames", "FileLocations", "StackFrames")
 
 
+def _single_line(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Errors render as one line: fold newlines quoted from the input."""
+    @functools.wraps(fn)
+    def wrapper(*a: Any, **kw: Any) -> Any:
+        try:
+            return fn(*a, **kw)
+        except InputError as e:
+            if "\n" in e.message or "\r" in e.message:
+                e.message = re.sub(r"\s*[\r\n]+\s*", " ", e.message)
+                e.args = (e.message,)
+            raise
+    return wrapper
+
+
+@_single_line
 def parse_hlo_module(text: str, file: str) -> HloModule:
     """Parse HLO text. Raises InputError(message, file, line) on malformed input."""
     lines = text.split("\n")
@@ -637,7 +653,11 @@ def parse_hlo_module(text: str, file: str) -> HloModule:
                 break
             start = i
             stmt, i = logical(i)
-            instrs.append(_parse_instruction(stmt.strip(), file, start + 1))
+            try:
+                instrs.append(_parse_instruction(stmt.strip(), file, start + 1))
+            except (ValueError, IndexError, KeyError) as e:
+                raise InputError(f"malformed instruction ({type(e).__name__}: {e})", file,
+                                 start + 1) from e
         if not closed:
             last = max(1, len(text.rstrip("\n").split("\n")))
             raise InputError(f"unexpected end of file: computation {cname} (line {comp_line}) is "
@@ -758,7 +778,8 @@ def _mesh_groups(s: str) -> list[list[int]]:
         if rm.group(2) is not None:
             pre, size = int(rm.group(2)), int(rm.group(3))
             if sizes[ax] % (pre * size):
-                raise ValueError(f"sub-axis {item!r}: ({pre}){size} does not divide axis size {sizes[ax]}")
+                raise ValueError(f"sub-axis {item!r}: ({pre}){size} does not divide axis size "
+                                 f"{sizes[ax]}")
         else:
             pre, size = 1, sizes[ax]
         refs.append((ax, pre, size))
@@ -834,6 +855,7 @@ class HloSharding:
     devices: np.ndarray | None = None
     device: int | None = None
     manual_subgroup: bool = False
+    elements: tuple["HloSharding", ...] = ()
 
     def relation(self, shape: tuple[int, ...], local: bool, ranks: int | None = None
                  ) -> BlockRelation | None:
@@ -874,7 +896,7 @@ def parse_sharding(s: str) -> HloSharding:
     if t.startswith("{") and t.endswith("}"):
         t = t[1:-1].strip()
     if t.startswith("{"):
-        return HloSharding("tuple", s)
+        return HloSharding("tuple", s, elements=tuple(parse_sharding(e) for e in split_top(t)))
     t = re.sub(r"\s*metadata=\{.*\}\s*$", "", t)
     if t == "replicated" or t.startswith("replicated "):
         return HloSharding("replicated", s)
@@ -932,7 +954,8 @@ def _parse_literal(raw: str, shape: HloShape, ins: HloInstruction, file: str) ->
             vals.append(float(low.replace("+", "")))
         else:
             try:
-                vals.append(int(tok, 0) if re.fullmatch(r"[-+]?(0x[0-9a-fA-F]+|\d+)", tok) else float(tok))
+                is_int = re.fullmatch(r"[-+]?(0x[0-9a-fA-F]+|\d+)", tok)
+                vals.append(int(tok, 0) if is_int else float(tok))
             except ValueError:
                 raise InputError(f"constant {ins.name}: cannot read literal value {tok!r}", file,
                                  ins.line) from None
@@ -1014,6 +1037,7 @@ class HloInfo:
     replica_count: int | None
     ranks: int                                    # size of the `_flat` axis used for groups
     assumptions: list[str] = field(default_factory=list)
+    output_shardings: list[HloSharding | None] = field(default_factory=list)  # from the root
     custom_calls: dict[str, int] = field(default_factory=dict)  # target -> count
 
 
@@ -1152,7 +1176,12 @@ class _Lowerer:
         loc = self.loc(ins, outer)
         fn = _HANDLERS.get(op)
         if fn is not None:
-            return fn(self, ins, ops, comp, loc)
+            try:
+                return fn(self, ins, ops, comp, loc)
+            except (KeyError, ValueError, IndexError, TypeError) as e:
+                # A malformed instruction the handler did not anticipate: still
+                # one line naming the instruction, never a traceback.
+                raise self.err(ins, f"malformed {op} instruction ({type(e).__name__}: {e})") from e
         if op in _UNARY:
             return self.elementwise(ins, _UNARY[op], ops, loc)
         if op in _BINARY:
@@ -1335,7 +1364,8 @@ def handler(*names: str) -> Callable[[Handler], Handler]:
 
 
 @handler("compare")
-def _compare(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _compare(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+             loc: SourceLoc) -> Val:
     d = (ins.attrs.get("direction") or "").strip()
     if d not in _COMPARE:
         raise L.err(ins, f"compare without a known direction (got {d!r})")
@@ -1343,7 +1373,8 @@ def _compare(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputat
 
 
 @handler("select")
-def _select(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _select(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+            loc: SourceLoc) -> Val:
     if len(ops) != 3:
         raise L.err(ins, "select takes (pred, on_true, on_false)")
     if isinstance(ops[1], tuple):  # old tuple select: statically chosen only
@@ -1353,17 +1384,20 @@ def _select(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputati
 
 
 @handler("clamp")
-def _clamp(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _clamp(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+           loc: SourceLoc) -> Val:
     return L.elementwise(ins, "clamp", ops, loc)  # clamp(min, x, max), as lax.clamp
 
 
 @handler("round-nearest-afz", "round-nearest-even")
-def _round(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _round(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+           loc: SourceLoc) -> Val:
     return L.elementwise(ins, "round", ops, loc, {"rounding": _ROUNDING[ins.opcode]})
 
 
 @handler("convert")
-def _convert(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _convert(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+             loc: SourceLoc) -> Val:
     t = L.tid(ins, ops[0])
     src = L.dtype_of(t)
     dst = L.array_shape(ins).dtype
@@ -1377,7 +1411,8 @@ def _convert(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputat
 
 
 @handler("bitcast-convert")
-def _bitcast_convert(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _bitcast_convert(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+                     loc: SourceLoc) -> Val:
     t = L.tid(ins, ops[0])
     if L.dtype_of(t) == ins.shape.dtype and L.shape_of(t) == ins.shape.dims:
         return t
@@ -1385,7 +1420,8 @@ def _bitcast_convert(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: Hlo
 
 
 @handler("broadcast")
-def _broadcast(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _broadcast(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+               loc: SourceLoc) -> Val:
     sh = L.array_shape(ins)
     t = L.tid(ins, ops[0])
     dims = _ints(ins.attrs.get("dimensions"))
@@ -1406,7 +1442,8 @@ def _reshape_to(L: _Lowerer, ins: HloInstruction, t: int, dims: tuple[int, ...],
 
 
 @handler("reshape")
-def _reshape(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _reshape(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+             loc: SourceLoc) -> Val:
     sh = L.array_shape(ins)
     t = L.tid(ins, ops[0])
     if int(np.prod(L.shape_of(t))) != int(np.prod(sh.dims)):
@@ -1432,7 +1469,8 @@ def _transpose_or_reshape(L: _Lowerer, ins: HloInstruction, t: int, perm: tuple[
 
 
 @handler("bitcast")
-def _bitcast(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _bitcast(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+             loc: SourceLoc) -> Val:
     """A bitcast reinterprets the operand's physical buffer in the result's
     layout: transpose to the operand's physical (major-to-minor) order, reshape,
     transpose back from the result's physical order."""
@@ -1455,7 +1493,8 @@ def _bitcast(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputat
 
 
 @handler("transpose")
-def _transpose(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _transpose(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+               loc: SourceLoc) -> Val:
     sh = L.array_shape(ins)
     t = L.tid(ins, ops[0])
     perm = _ints(ins.attrs.get("dimensions"))
@@ -1465,7 +1504,8 @@ def _transpose(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComput
 
 
 @handler("slice")
-def _slice(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _slice(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+           loc: SourceLoc) -> Val:
     sh = L.array_shape(ins)
     t = L.tid(ins, ops[0])
     spec = ins.attrs.get("slice") or ""
@@ -1480,7 +1520,8 @@ def _slice(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputatio
         "strides": None if all(s == 1 for s in strides) else strides}, loc, ins.name)
 
 
-def _scalar_starts(L: _Lowerer, ins: HloInstruction, idx: list[Val], rank: int, loc: SourceLoc) -> list[int]:
+def _scalar_starts(L: _Lowerer, ins: HloInstruction, idx: list[Val], rank: int,
+                   loc: SourceLoc) -> list[int]:
     ts = [L.tid(ins, v) for v in idx]
     if len(ts) == rank and all(L.shape_of(x) == () for x in ts):
         return ts
@@ -1496,7 +1537,8 @@ def _scalar_starts(L: _Lowerer, ins: HloInstruction, idx: list[Val], rank: int, 
 
 
 @handler("dynamic-slice")
-def _dynamic_slice(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _dynamic_slice(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+                   loc: SourceLoc) -> Val:
     sh = L.array_shape(ins)
     t = L.tid(ins, ops[0])
     starts = _scalar_starts(L, ins, ops[1:], len(L.shape_of(t)), loc)
@@ -1506,7 +1548,8 @@ def _dynamic_slice(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloCo
 
 
 @handler("dynamic-update-slice")
-def _dus(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _dus(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+         loc: SourceLoc) -> Val:
     sh = L.array_shape(ins)
     t, u = L.tid(ins, ops[0]), L.tid(ins, ops[1])
     starts = _scalar_starts(L, ins, ops[2:], len(L.shape_of(t)), loc)
@@ -1514,7 +1557,8 @@ def _dus(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
 
 
 @handler("concatenate")
-def _concat(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _concat(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+            loc: SourceLoc) -> Val:
     dims = _ints(ins.attrs.get("dimensions"))
     if len(dims) != 1:
         raise L.err(ins, "concatenate needs dimensions={d}")
@@ -1522,7 +1566,8 @@ def _concat(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputati
 
 
 @handler("iota")
-def _iota(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _iota(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+          loc: SourceLoc) -> Val:
     sh = L.array_shape(ins)
     d = _ints(ins.attrs.get("iota_dimension"))
     if len(d) != 1 or not 0 <= d[0] < len(sh.dims):
@@ -1531,7 +1576,8 @@ def _iota(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation
 
 
 @handler("pad")
-def _pad(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _pad(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+         loc: SourceLoc) -> Val:
     cfg = []
     for part in (ins.attrs.get("padding") or "").split("x"):
         nums = [int(x) for x in part.split("_")] if part else []
@@ -1544,12 +1590,14 @@ def _pad(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
 
 
 @handler("reverse")
-def _reverse(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _reverse(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+             loc: SourceLoc) -> Val:
     return L.elementwise(ins, "rev", ops, loc, {"dimensions": _ints(ins.attrs.get("dimensions"))})
 
 
 @handler("dot")
-def _dot(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _dot(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+         loc: SourceLoc) -> Val:
     if "sparsity" in ins.attrs or len(ops) != 2:
         raise L.unknown(ins, "sparse dot is not supported")
     return L.elementwise(ins, "dot_general", ops, loc, {
@@ -1594,7 +1642,8 @@ _REDUCE_KINDS = {"add": "reduce_sum", "maximum": "reduce_max", "minimum": "reduc
 
 
 @handler("reduce")
-def _reduce(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _reduce(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+            loc: SourceLoc) -> Val:
     if ins.shape.is_tuple or len(ops) != 2:
         raise L.unknown(ins, "variadic (tuple) reduce is not supported")
     op = L.reducer(ins, {k: k for k in _REDUCE_KINDS})
@@ -1615,7 +1664,8 @@ def _reduce(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputati
 
 
 @handler("constant")
-def _constant(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _constant(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+              loc: SourceLoc) -> Val:
     if ins.shape.is_tuple:
         raise L.unknown(ins, "tuple-shaped constants are not supported")
     val = _parse_literal(ins.raw_operands, ins.shape, ins, L.file)
@@ -1626,7 +1676,8 @@ def _constant(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputa
 
 
 @handler("gather")
-def _gather(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _gather(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+            loc: SourceLoc) -> Val:
     ivd = _ints(ins.attrs.get("index_vector_dim"))
     return L.elementwise(ins, "gather", ops, loc, {
         "offset_dims": _ints(ins.attrs.get("offset_dims")),
@@ -1640,12 +1691,14 @@ def _gather(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputati
 
 
 @handler("tuple")
-def _tuple(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _tuple(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+           loc: SourceLoc) -> Val:
     return tuple(ops)
 
 
 @handler("get-tuple-element")
-def _gte(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _gte(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+         loc: SourceLoc) -> Val:
     v = ops[0]
     idx = _ints(ins.attrs.get("index"))
     if not isinstance(v, tuple) or len(idx) != 1 or not 0 <= idx[0] < len(v):
@@ -1654,17 +1707,20 @@ def _gte(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
 
 
 @handler("add-dependency")
-def _add_dep(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _add_dep(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+             loc: SourceLoc) -> Val:
     return ops[0]
 
 
 @handler("after-all")
-def _after_all(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _after_all(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+               loc: SourceLoc) -> Val:
     return None
 
 
 @handler("get-dimension-size")
-def _get_dim(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _get_dim(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+             loc: SourceLoc) -> Val:
     t = L.tid(ins, ops[0])
     d = _ints(ins.attrs.get("dimensions"))
     val = np.array(L.shape_of(t)[d[0]], dtype=_np_dtype(ins.shape.dtype))
@@ -1674,7 +1730,8 @@ def _get_dim(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputat
 
 
 @handler("partition-id", "replica-id")
-def _axis_index(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _axis_index(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+                loc: SourceLoc) -> Val:
     if L.R > 1 and L.P > 1:
         raise L.unknown(ins, f"{ins.opcode} with both replicas ({L.R}) and partitions ({L.P}) is "
                              f"not expressible over one flat axis")
@@ -1683,19 +1740,22 @@ def _axis_index(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloCompu
 
 
 @handler("call")
-def _call(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _call(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+          loc: SourceLoc) -> Val:
     callee = L.m.computations[(ins.attrs.get("to_apply") or "").lstrip("%")]
     return L.run_comp(callee, ops, loc, ins)
 
 
 @handler("fusion")
-def _fusion(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _fusion(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+            loc: SourceLoc) -> Val:
     callee = L.m.computations[(ins.attrs.get("calls") or "").lstrip("%")]
     return L.run_comp(callee, ops, loc, ins)
 
 
 @handler("async-start")
-def _async_start(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _async_start(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+                 loc: SourceLoc) -> Val:
     name = (ins.attrs.get("calls") or "").lstrip("%")
     if name not in L.m.computations:
         raise L.unknown(ins, "async-start without calls=")
@@ -1703,24 +1763,28 @@ def _async_start(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComp
 
 
 @handler("async-update")
-def _async_update(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _async_update(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+                  loc: SourceLoc) -> Val:
     return ops[0]
 
 
 @handler("async-done", "all-reduce-done", "all-gather-done", "collective-permute-done")
-def _async_done(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _async_done(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+                loc: SourceLoc) -> Val:
     if not isinstance(ops[0], _Async):
         raise L.err(ins, f"{ins.opcode} of an operand that is not a matching *-start")
     return ops[0].value
 
 
 @handler("copy-start")
-def _copy_start(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _copy_start(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+                loc: SourceLoc) -> Val:
     return _Async(ops[0])
 
 
 @handler("custom-call")
-def _custom_call(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _custom_call(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+                 loc: SourceLoc) -> Val:
     from dlverify.frontends.custom_calls import expand
     target = (ins.attrs.get("custom_call_target") or "").strip().strip('"')
     spec = L.registry.get(target)
@@ -1760,7 +1824,8 @@ _AR_REDUCERS = {"add": "sum", "maximum": "max", "minimum": "min"}
 
 
 @handler("all-reduce", "cross-replica-sum", "all-reduce-start")
-def _all_reduce(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _all_reduce(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+                loc: SourceLoc) -> Val:
     red = L.reducer(ins, _AR_REDUCERS)
     v = _collective(L, ins, ops, loc, "all_reduce", {"reducer": red, "groups": L.groups(ins)},
                     ins.shape)
@@ -1768,7 +1833,8 @@ def _all_reduce(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloCompu
 
 
 @handler("all-gather", "all-gather-start")
-def _all_gather(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _all_gather(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+                loc: SourceLoc) -> Val:
     dims = _ints(ins.attrs.get("dimensions"))
     if len(dims) != 1:
         raise L.err(ins, "all-gather needs dimensions={d}")
@@ -1783,7 +1849,8 @@ def _all_gather(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloCompu
 
 
 @handler("reduce-scatter")
-def _reduce_scatter(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _reduce_scatter(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+                    loc: SourceLoc) -> Val:
     dims = _ints(ins.attrs.get("dimensions"))
     if len(dims) != 1:
         raise L.err(ins, "reduce-scatter needs dimensions={d}")
@@ -1793,7 +1860,8 @@ def _reduce_scatter(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloC
 
 
 @handler("all-to-all")
-def _all_to_all(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _all_to_all(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+                loc: SourceLoc) -> Val:
     groups = L.groups(ins)
     dims = _ints(ins.attrs.get("dimensions"))
     if dims:
@@ -1828,7 +1896,8 @@ def _all_to_all(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloCompu
 
 
 @handler("collective-permute", "collective-permute-start")
-def _permute(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _permute(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+             loc: SourceLoc) -> Val:
     txt = ins.attrs.get("source_target_pairs") or "{}"
     pairs = [tuple(p) for p in re.findall(r"\{\s*(\d+)\s*,\s*(\d+)\s*\}", txt)]
     pairs = [(int(a), int(b)) for a, b in pairs]
@@ -1853,13 +1922,15 @@ def _permute(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputat
 
 
 @handler("while")
-def _while(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _while(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+           loc: SourceLoc) -> Val:
     cond = L.m.computations[(ins.attrs.get("condition") or "").lstrip("%")]
     body = L.m.computations[(ins.attrs.get("body") or "").lstrip("%")]
     if len(ops) != 1:
         raise L.err(ins, "while takes one (tuple) operand")
     state = ops[0]
-    m = re.search(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)', ins.attrs.get("backend_config") or "")
+    m = re.search(r'"known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"?(\d+)',
+                  ins.attrs.get("backend_config") or "")
     declared = int(m.group(1)) if m else None
     trips = 0
     while True:
@@ -1888,7 +1959,8 @@ def _while(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputatio
 
 
 @handler("conditional")
-def _conditional(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation, loc: SourceLoc) -> Val:
+def _conditional(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+                 loc: SourceLoc) -> Val:
     sel = L.known.get(L.tid(ins, ops[0], "branch selector"))
     if sel is None:
         raise L.unknown(ins, "conditional whose branch is not statically known")
@@ -1909,6 +1981,7 @@ def _flatten(v: Val) -> list[Val]:
     return [v]
 
 
+@_single_line
 def hlo_to_graph(module: HloModule, ids: IdAllocator, name: str, *, ranks: int | None = None,
                  custom_calls: dict[str, Any] | None = None) -> tuple[Graph, HloInfo]:
     """Translate the ENTRY computation of `module` into a Graph.
@@ -1955,9 +2028,20 @@ def hlo_to_graph(module: HloModule, ids: IdAllocator, name: str, *, ranks: int |
                              entry.root.line)
     graph.outputs = [int(v) for v in outs]
     graph.output_names = [f"out{i}" for i in range(len(outs))]
+    out_sh: list[HloSharding | None] = [None] * len(outs)
+    if "sharding" in entry.root.attrs:
+        try:
+            sh = parse_sharding(entry.root.attrs["sharding"])
+        except ValueError as e:
+            raise InputError(f"{entry.root.name}: {e}", module.file, entry.root.line) from None
+        if sh.kind == "tuple" and len(sh.elements) == len(outs):
+            out_sh = list(sh.elements)
+        elif sh.kind != "tuple":
+            out_sh = [sh] * len(outs)
     info = HloInfo(params, [(graph.tensors[t].shape, graph.tensors[t].dtype) for t in graph.outputs],
-                   module.num_partitions, module.replica_count, L.ranks, list(L.assumptions),
-                   dict(L.custom_calls))
+                   module.num_partitions, module.replica_count, L.ranks,
+                   assumptions=list(L.assumptions), output_shardings=out_sh,
+                   custom_calls=dict(L.custom_calls))
     return graph, info
 
 

@@ -8,7 +8,7 @@ UnknownOpError naming its source line, never an identity.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -48,11 +48,14 @@ def _is_float(dtype: Any) -> bool:
 
 @dataclass
 class Ctx:
-    """State of one walk: the graph being built and, inside shard_map, the mesh."""
+    """State of one walk: the graph being built and, inside shard_map, the mesh.
+    `fallback` locates ops traced inside library code (no user frames of their
+    own) at the user's call of that library function."""
 
     b: GraphBuilder
     mesh: Mesh | None
     in_shard_map: bool
+    fallback: SourceLoc = SourceLoc()
 
     def groups(self, eqn: Any, axes: Any, axis_index_groups: Any = None) -> list[list[int]]:
         if self.mesh is None or not self.in_shard_map:
@@ -312,9 +315,14 @@ def _ppermute(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
                      "ppermute")]
 
 
+def _callee_ctx(ctx: Ctx, eqn: Any) -> Ctx:
+    loc = _loc(eqn)
+    return replace(ctx, fallback=loc) if loc.frames else ctx
+
+
 def _inline(param: str) -> Exporter:
     def ex(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
-        return walk(ctx, eqn.params[param], ins)
+        return walk(_callee_ctx(ctx, eqn), eqn.params[param], ins)
     return ex
 
 
@@ -330,7 +338,7 @@ EXPORTERS["remat"] = _inline("jaxpr")
 @exporter("custom_vjp_call", "custom_vjp_call_jaxpr")
 def _custom_vjp(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
     key = "call_jaxpr" if "call_jaxpr" in eqn.params else "fun_jaxpr"
-    return walk(ctx, eqn.params[key], ins)
+    return walk(_callee_ctx(ctx, eqn), eqn.params[key], ins)
 
 
 def _literal(ctx: Ctx, lit: Any) -> int:
@@ -364,9 +372,21 @@ def walk(ctx: Ctx, jaxpr: Any, in_ids: list[int]) -> list[int]:
         if ex is None:
             if name == "shard_map":
                 raise InputError("nested shard_map is not supported", *_where(eqn))
+            file, line = _where(eqn)
+            if not file:
+                file, line = ctx.fallback.file, ctx.fallback.line
             raise UnknownOpError(f"unknown primitive '{name}' (no exporter in "
-                                 f"frontends/jaxpr.py)", *_where(eqn))
-        outs = ex(ctx, eqn, [read(a) for a in eqn.invars])
+                                 f"frontends/jaxpr.py)", file, line)
+        first_new = len(ctx.b.graph.ops)
+        try:
+            outs = ex(ctx, eqn, [read(a) for a in eqn.invars])
+        except InputError as e:
+            if not e.file and ctx.fallback.frames:
+                e.file, e.line = ctx.fallback.file, ctx.fallback.line
+            raise
+        for op in ctx.b.graph.ops[first_new:]:
+            if not op.loc.frames:
+                op.loc = ctx.fallback
         if len(outs) != len(eqn.outvars):
             raise InputError(f"exporter for {name} returned {len(outs)} outputs for "
                              f"{len(eqn.outvars)}", *_where(eqn))
@@ -417,12 +437,30 @@ def _spec_entries(spec: Any) -> tuple[Any, ...]:
     return tuple(spec) if spec is not None else ()
 
 
+def _trace(fn: Callable, avals: tuple[Any, ...], what: str) -> Any:
+    """jax.make_jaxpr, with the user program's own errors (bad specs, shape errors)
+    turned into one-line input errors at the user's line."""
+    try:
+        return jax.make_jaxpr(fn)(*avals)
+    except Exception as e:  # raised by JAX while tracing the user's program
+        import traceback
+
+        file, line = "", 0
+        for fr in traceback.extract_tb(e.__traceback__):
+            if source_info_util.is_user_filename(fr.filename) and not any(
+                    p in fr.filename for p in _OWN_FILES):
+                file, line = fr.filename, fr.lineno or 0
+        msg = " ".join(str(e).split())
+        msg = msg if len(msg) <= 400 else msg[:400] + " ..."
+        raise InputError(f"tracing {what} failed: {type(e).__name__}: {msg}", file, line) from None
+
+
 def import_jax(seq_fn: Callable, dist_fn: Callable, args: tuple[Any, ...], name: str = "") -> Problem:
     """Trace both programs and build the Problem: graphs, mesh and the input and
     output relations read from shard_map's in_specs and out_specs."""
     avals = _avals_args(args)
-    seq_closed = jax.make_jaxpr(seq_fn)(*avals)
-    dist_closed = jax.make_jaxpr(dist_fn)(*avals)
+    seq_closed = _trace(seq_fn, avals, "seq_fn")
+    dist_closed = _trace(dist_fn, avals, "dist_fn")
     ids = IdAllocator()
 
     seq = Graph("sequential")

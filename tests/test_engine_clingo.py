@@ -187,15 +187,16 @@ def test_include_and_schema_relations(tmp_path):
     (tmp_path / "main.dl").write_text("""
 #include "schema.dl"
 #include "schema.dl"
-View(s, d, r, [0, nil], nil, [0, 0, 0, 0]) :- Input_Pair(s, d), Input_Off(s, d, r, 0, 0).
+View(s, d, r, [o, nil], nil, [0, 0, 0, 0]) :- Seed(id, s, d, r, _, _, _, _, _, _, _, _, _), Seed_Off(id, 0, o).
 Output_Ok(s, d, r) :- Output_Pair(s, d, _), View(s, d, r, _, nil, [0, 0, 0, 0]).
 """)
-    facts = {schema.INPUT_PAIR: [(1, 11)], schema.INPUT_OFF: [(1, 11, 0, 0, 0), (1, 11, 1, 0, 4)],
-             schema.OUTPUT_PAIR: [(1, 11, 0)]}
+    facts = {schema.SEED: [(1, 1, 11, 0, -1, 0, 0, 0, 0, 0, 0, 0, 0), (2, 1, 11, 1, -1, 0, 0, 0, 0, 0, 0, 0, 0)],
+             schema.SEED_OFF: [(1, 0, 0), (2, 0, 4)], schema.OUTPUT_PAIR: [(1, 11, 0)]}
     res = run_program(tmp_path / "main.dl", facts, [schema.VIEW, schema.OUTPUT_OK, schema.SEQ_FRONTIER],
                       engine="clingo")
-    assert res.relations == {"View": [(1, 11, 0, (0, None), None, (0, 0, 0, 0))],
-                             "Output_Ok": [(1, 11, 0)], "Seq_Frontier": []}
+    assert res.relations == {"View": [(1, 11, 0, (0, None), None, (0, 0, 0, 0)),
+                                      (1, 11, 1, (4, None), None, (0, 0, 0, 0))],
+                             "Output_Ok": [(1, 11, 0), (1, 11, 1)], "Seq_Frontier": []}
 
 
 def test_keep_dir_writes_sorted_facts_for_every_input(tmp_path):

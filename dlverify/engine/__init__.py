@@ -7,6 +7,8 @@ nested tuples with `nil` as None.
 """
 from __future__ import annotations
 
+import functools
+
 import shutil
 import tempfile
 import time
@@ -72,6 +74,17 @@ def _check_relation(program: Program, rel: Relation, role: str) -> None:
                              f"but {dty} in {decl.file}:{decl.line}")
 
 
+def _stamp(main_dl: Path) -> tuple:
+    """Identifies the rule files' current contents (their names and modification times)."""
+    return tuple((p.name, p.stat().st_mtime_ns) for p in sorted(main_dl.resolve().parent.rglob("*.dl")))
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed(main_dl: str, stamp: tuple) -> Program:
+    """Parsing and checking the rules once per process (segmented runs call the engine often)."""
+    return parse_program(Path(main_dl))
+
+
 def run_program(main_dl: Path, facts: Mapping[Relation, Sequence[tuple]], outputs: Sequence[Relation],
                 engine: EngineName = "auto", keep_dir: Path | None = None) -> EngineResult:
     """Evaluate `main_dl` on `facts` and return the rows of `outputs`.
@@ -83,7 +96,7 @@ def run_program(main_dl: Path, facts: Mapping[Relation, Sequence[tuple]], output
     name = resolve_engine(engine)
     main_dl = Path(main_dl)
     start = time.perf_counter()
-    program = parse_program(main_dl)
+    program = _parsed(str(main_dl.resolve()), _stamp(main_dl))
     flat: dict[str, list[tuple]] = {}
     for rel, rows in facts.items():
         _check_relation(program, rel, "input")

@@ -1,0 +1,281 @@
+"""The `dlverify check-jax` command through typer's CliRunner: exit codes,
+text and JSON reports, and one-line errors for malformed input."""
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dlverify.cli import app
+
+ROOT = Path(__file__).resolve().parent.parent
+MLP = ROOT / "examples" / "megatron_mlp.py"
+MLP_CASES = ["megatron_mlp_tp2", "megatron_mlp_tp4", "megatron_mlp_bug_missing_psum",
+             "megatron_mlp_bug_bias_before_psum", "megatron_mlp_out_gelu",
+             "megatron_mlp_bug_gelu_on_partial_sum"]
+
+HEADER = '''\
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh, PartitionSpec as P
+
+import dlverify
+
+F32 = jnp.float32
+
+
+def mesh(n):
+    return Mesh(np.array(jax.devices()[:n]), ("x",))
+
+
+def ident(x):
+    return x
+
+
+def case_of(seq, local, in_specs=(P(),), out_specs=P(), shape=(4, 4), **kw):
+    dist = jax.shard_map(local, mesh=mesh(2), in_specs=in_specs, out_specs=out_specs)
+    return dlverify.Case(seq=seq, dist=dist, args=(jax.ShapeDtypeStruct(shape, F32),), **kw)
+'''
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, ["check-jax", *args])
+
+
+def write_case(tmp_path: Path, body: str, name: str = "cases.py") -> tuple[Path, int]:
+    """A case file: HEADER + body; returns its path and the line marked `# HERE` (0 if none)."""
+    text = HEADER + "\n\n" + textwrap.dedent(body)
+    path = tmp_path / name
+    path.write_text(text)
+    marked = [i + 1 for i, line in enumerate(text.splitlines()) if "# HERE" in line]
+    return path, (marked[0] if marked else 0)
+
+
+def status_lines(stdout: str) -> list[str]:
+    """The one line per case (detail lines are indented)."""
+    return [line for line in stdout.splitlines() if line and not line.startswith(" ")]
+
+
+def one_error_line(res) -> str:
+    assert "Traceback" not in res.output and "Traceback" not in res.stderr
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+# ---------------------------------------------------------------- verdicts
+
+def test_every_case_of_a_file_one_line_each_exit_0():
+    res = invoke(str(MLP))
+    assert res.exit_code == 0, res.output
+    assert res.stderr == ""
+    lines = status_lines(res.stdout)
+    assert [line.split()[1] for line in lines] == MLP_CASES
+    assert all(line.startswith("ok ") for line in lines)
+    verified = {line.split()[1] for line in lines if line.split()[2] == "verified"}
+    assert verified == {"megatron_mlp_tp2", "megatron_mlp_tp4", "megatron_mlp_out_gelu"}
+    assert "  out0 = r0.out0  (replicated on all 4 ranks)" in res.stdout.splitlines()
+
+
+def test_selecting_one_case_by_name():
+    res = invoke(f"{MLP}::megatron_mlp_tp4")
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    assert len(status_lines(res.stdout)) == 1
+    assert lines[0].startswith("ok        megatron_mlp_tp4  verified  ")
+    assert lines[1] == "  out0 = r0.out0  (replicated on all 4 ranks)"
+
+
+def test_json_report():
+    res = invoke(str(MLP), "--json")
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    assert report["schema_version"] == 1
+    cases = {c["name"]: c for c in report["cases"]}
+    assert list(cases) == MLP_CASES
+    for c in report["cases"]:
+        assert c["matches_expectation"] is True
+        assert c["file"] == str(MLP)
+        assert c["verdict"] == ("bug" if "_bug_" in c["name"] else "verified")
+        assert c["result"]["verified"] == (c["verdict"] == "verified")
+    ok = cases["megatron_mlp_tp2"]["result"]
+    assert ok["failures"] == [] and ok["outputs"] == ["out0 = r0.out0  (replicated on all 2 ranks)"]
+    bug_line = next(i + 1 for i, line in enumerate(MLP.read_text().splitlines())
+                    if "# BUG: missing psum" in line)
+    first = cases["megatron_mlp_bug_missing_psum"]["result"]["failures"][0]
+    assert first["op"] == "dot_general"
+    assert first["file"] == str(MLP) and first["line"] == bug_line
+    assert "partial result never reduced" in first["message"]
+    assert (first["frames"][0]["file"], first["frames"][0]["line"]) == (str(MLP), bug_line)
+
+
+def test_a_case_whose_expectation_is_wrong_exits_1(tmp_path):
+    path, _ = write_case(tmp_path, '''
+        def double(x):
+            return x * 2.0
+
+
+        @dlverify.case
+        def says_bug():
+            return case_of(double, double, in_specs=(P("x"),), out_specs=P("x"), expect="bug")
+
+
+        @dlverify.case
+        def really_a_bug():   # no expect: must verify, but psum(2 x) over 2 ranks is 4 x
+            return case_of(double, lambda x: jax.lax.psum(x * 2.0, "x"))
+    ''')
+    res = invoke(str(path))
+    assert res.exit_code == 1, res.output
+    lines = status_lines(res.stdout)
+    assert lines[0].startswith("MISMATCH  says_bug  verified (expected bug)")
+    assert lines[1].startswith("MISMATCH  really_a_bug  not verified (expected verified)")
+    res = invoke(f"{path}::says_bug", "--json")
+    assert res.exit_code == 1
+    (c,) = json.loads(res.stdout)["cases"]
+    assert (c["verdict"], c["expect"], c["matches_expectation"]) == ("verified", "bug", False)
+
+
+def test_a_correct_case_file_of_ours_exits_0(tmp_path):
+    path, _ = write_case(tmp_path, '''
+        def seq(x):
+            return jnp.tanh(x) * 2.0
+
+
+        def local(x):
+            return jnp.tanh(x) * 2.0
+
+
+        @dlverify.case
+        def sharded_tanh():
+            return case_of(seq, local, in_specs=(P("x"),), out_specs=P("x"))
+    ''')
+    res = invoke(str(path))
+    assert res.exit_code == 0, res.output
+    assert res.stdout.splitlines()[1] == "  out0 = concat(r0.out0, r1.out0; dim 0)"
+
+
+# ---------------------------------------------------------------- bad input: exit 2, one line
+
+def test_missing_file(tmp_path):
+    missing = tmp_path / "nope.py"
+    res = invoke(str(missing))
+    assert res.exit_code == 2
+    assert one_error_line(res) == f"error: {missing}: no such file"
+
+
+def test_syntax_error_names_file_and_line(tmp_path):
+    path, line = write_case(tmp_path, '''
+        def broken(:   # HERE
+            pass
+    ''')
+    res = invoke(str(path))
+    assert res.exit_code == 2
+    assert one_error_line(res).startswith(f"error: {path}:{line}: syntax error")
+
+
+def test_import_time_exception_names_file_and_line(tmp_path):
+    path, line = write_case(tmp_path, '''
+        raise RuntimeError("boom")   # HERE
+    ''')
+    res = invoke(str(path))
+    assert res.exit_code == 2
+    assert one_error_line(res) == f"error: {path}:{line}: importing failed: RuntimeError: boom"
+
+
+def test_a_case_returning_something_else(tmp_path):
+    path, _ = write_case(tmp_path, '''
+        @dlverify.case
+        def not_a_case():
+            return 42
+    ''')
+    res = invoke(str(path))
+    assert res.exit_code == 2
+    assert one_error_line(res) == f"error: {path}: case not_a_case returned int, not dlverify.Case"
+
+
+def test_a_case_with_an_unknown_expectation(tmp_path):
+    path, _ = write_case(tmp_path, '''
+        @dlverify.case
+        def maybe():
+            return case_of(ident, ident, expect="maybe")
+    ''')
+    res = invoke(str(path))
+    assert res.exit_code == 2
+    assert "expect must be 'verified' or 'bug', not 'maybe'" in one_error_line(res)
+
+
+def test_an_unknown_case_name_and_an_unknown_engine():
+    res = invoke(f"{MLP}::no_such_case")
+    assert res.exit_code == 2
+    assert one_error_line(res).startswith(f"error: {MLP}: no case named 'no_such_case'")
+    res = invoke(str(MLP), "--engine", "prolog")
+    assert res.exit_code == 2
+    assert one_error_line(res) == "error: unknown engine 'prolog': use auto, clingo or souffle"
+
+
+UNKNOWN_PRIMITIVES = {
+    "cumlogsumexp": ("lax.cumlogsumexp(x, axis=0)", "cumlogsumexp"),
+    "while_loop": ("lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 2.0), (0, x))[1]",
+                   "while"),
+    "qr": ("jnp.linalg.qr(x)[0]", "qr"),
+}
+
+
+def _unknown_primitive_case(tmp_path, which):
+    expr, prim = UNKNOWN_PRIMITIVES[which]
+    path, line = write_case(tmp_path, f'''
+        def seq(x):
+            return {expr}   # HERE
+
+
+        @dlverify.case
+        def unknown():
+            return case_of(seq, ident)
+    ''')
+    return path, line, prim
+
+
+@pytest.mark.parametrize("which", ["cumlogsumexp", "while_loop", "qr"])
+def test_an_unknown_jax_primitive_in_seq_fn(tmp_path, which):
+    path, _, prim = _unknown_primitive_case(tmp_path, which)
+    res = invoke(str(path))
+    assert res.exit_code == 2
+    assert f"unknown primitive '{prim}' (no exporter in frontends/jaxpr.py)" in one_error_line(res)
+
+
+@pytest.mark.parametrize("which", [
+    "cumlogsumexp", "while_loop",
+    "qr",  # traced inside jnp.linalg's own jit: located at the user's call
+])
+def test_the_unknown_primitive_error_names_file_and_line(tmp_path, which):
+    path, line, prim = _unknown_primitive_case(tmp_path, which)
+    res = invoke(str(path))
+    assert one_error_line(res).startswith(f"error: {path}:{line}: unknown primitive '{prim}'")
+
+
+def test_an_in_spec_naming_a_mesh_axis_that_does_not_exist(tmp_path):
+    path, _ = write_case(tmp_path, '''
+        @dlverify.case
+        def bad_axis():
+            return case_of(ident, ident, in_specs=(P("y"),), out_specs=P("y"))
+    ''')
+    res = invoke(str(path))
+    assert res.exit_code == 2
+    line = one_error_line(res)
+    assert str(path) in line and "'y'" in line
+
+
+def test_a_dim_not_divisible_by_the_mesh_axis(tmp_path):
+    path, _ = write_case(tmp_path, '''
+        @dlverify.case
+        def uneven():
+            return case_of(ident, ident, in_specs=(P("x"),), out_specs=P("x"), shape=(5, 4))
+    ''')
+    res = invoke(str(path))
+    assert res.exit_code == 2
+    line = one_error_line(res)
+    assert str(path) in line and "divisible" in line

@@ -1,0 +1,72 @@
+"""contraction.dl: dot_general and reductions on tiny programs."""
+from rulekit import Tiny
+
+from dlverify.verdict import Partial
+
+DOT = dict(lhs_contract=(1,), rhs_contract=(0,), lhs_batch=(), rhs_batch=())
+
+
+def test_contracted_dim_split_gives_tagged_partial_sums():
+    t = Tiny()
+    xs, xd = t.input((4, 6), (None, "x"))
+    ws, wd = t.input((6, 5), ("x", None))
+    ys = t.sop("dot_general", [xs, ws], (4, 5), **DOT)
+    yd = t.dop("dot_general", [xd, wd], (4, 5), **DOT)
+    out = t.run()
+    sop = t.seq.ops[-1].id
+    for r in range(2):
+        (v,) = out.views(ys, yd, r)
+        assert v.offsets == (0, 0)
+        assert v.partial == Partial(0, sop, 0, 3 * r, 3 * r + 3)
+
+
+def test_free_dim_split_gives_blocks_and_batch_dims_must_agree():
+    t = Tiny()
+    xs, xd = t.input((2, 4, 6), ("x", None, None))
+    ws, wd = t.input((2, 6, 8), ("x", None, None))
+    dn = dict(lhs_contract=(2,), rhs_contract=(1,), lhs_batch=(0,), rhs_batch=(0,))
+    ys = t.sop("dot_general", [xs, ws], (2, 4, 8), **dn)
+    yd = t.dop("dot_general", [xd, wd], (1, 4, 8), **dn)
+    out = t.run()
+    assert out.offsets(ys, yd, 0) == {(0, 0, 0)}
+    assert out.offsets(ys, yd, 1) == {(1, 0, 0)}
+
+
+def test_batch_dims_that_disagree_give_no_view():
+    t = Tiny()
+    xs, xd = t.input((2, 4, 6), ("x", None, None))
+    ws, wd = t.input((2, 6, 8), ())
+    sl = t.dop("slice", [wd], (1, 6, 8), start_indices=(0, 0, 0), limit_indices=(1, 6, 8), strides=None)
+    dn = dict(lhs_contract=(2,), rhs_contract=(1,), lhs_batch=(0,), rhs_batch=(0,))
+    ys = t.sop("dot_general", [xs, ws], (2, 4, 8), **dn)
+    yd = t.dop("dot_general", [xd, sl], (1, 4, 8), **dn)
+    out = t.run()
+    assert out.offsets(ys, yd, 0) == {(0, 0, 0)}
+    assert out.views(ys, yd, 1) == []   # rank 1 pairs batch 1 of x with batch 0 of w
+
+
+def test_reduce_sum_over_split_dim_is_partial_and_over_full_dim_complete():
+    t = Tiny()
+    xs, xd = t.input((4, 6), (None, "x"))
+    a_s = t.sop("reduce_sum", [xs], (4,), axes=(1,))
+    a_d = t.dop("reduce_sum", [xd], (4,), axes=(1,))
+    b_s = t.sop("reduce_sum", [xs], (6,), axes=(0,))
+    b_d = t.dop("reduce_sum", [xd], (3,), axes=(0,))
+    out = t.run()
+    (v,) = out.views(a_s, a_d, 1)
+    assert v.partial is not None and (v.partial.lo, v.partial.hi) == (3, 6)
+    assert out.offsets(b_s, b_d, 1) == {(3,)}
+
+
+def test_reduce_max_partial_is_not_a_sum():
+    t = Tiny()
+    xs, xd = t.input((4, 6), (None, "x"))
+    ms = t.sop("reduce_max", [xs], (4,), axes=(1,))
+    md = t.dop("reduce_max", [xd], (4,), axes=(1,))
+    # a sum of the partial maxima is not the sequential sum of anything
+    ss = t.sop("reduce_sum", [ms], (), axes=(0,))
+    sd = t.dop("reduce_sum", [md], (), axes=(0,))
+    out = t.run()
+    (v,) = out.views(ms, md, 0)
+    assert v.partial.reducer == 1
+    assert out.views(ss, sd) == []
