@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 from dlverify import schema as S
 from dlverify.engine import EngineName, run_program
+from dlverify.engine.facts_io import write_facts_dir
 from dlverify.facts import export
 from dlverify.passes import fold, share_nullary
 from dlverify.problem import Problem
@@ -43,6 +44,9 @@ def verify_problem(problem: Problem, engine: EngineName = "auto",
         keep_facts.mkdir(parents=True, exist_ok=True)
     notes = [REAL_ARITHMETIC_NOTE]
     if needs_segments(problem, window):
+        if keep_facts is not None:  # the whole problem, replayable as one fixpoint
+            write_facts_dir(keep_facts, [r.name for r in S.INPUTS],
+                            {r.name: rows for r, rows in tables.items()})
         res = run_segmented(problem, tables, rules_path(), engine, window)
         notes.append(f"evaluated in {res.windows} segments of up to {window} ops")
     else:
@@ -57,7 +61,7 @@ def verify_problem(problem: Problem, engine: EngineName = "auto",
         assumptions=list(problem.assumptions), notes=notes, timings=timings,
         fact_count=sum(len(v) for v in tables.values()),
         derived_count=sum(len(v) for v in res.relations.values()), engine=res.engine,
-        views=judge.views)
+        views=judge.views, problem=problem)
 
 
 def verify_jax(seq_fn: Callable[..., Any], dist_fn: Callable[..., Any], *args: Any,

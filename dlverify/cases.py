@@ -25,6 +25,7 @@ class CaseOutcome:
     result: Result | None
     error: str = ""
     seconds: float = 0.0
+    witness: str = ""  # the numeric witness summary, when asked for
 
     @property
     def verdict(self) -> str:

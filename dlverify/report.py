@@ -51,8 +51,14 @@ def outcome_text(o: CaseOutcome, verbose: bool = False) -> list[str]:
 
 
 def result_dict(res: Result) -> dict[str, Any]:
-    d = asdict(res)
+    problem, views = res.problem, res.views
+    res.problem, res.views = None, []
+    try:
+        d = asdict(res)
+    finally:
+        res.problem, res.views = problem, views
     d.pop("views")
+    d.pop("problem")
     for f in d["failures"]:
         f["frames"] = [dict(fr) for fr in f["frames"]]
         f["ranks"] = list(f["ranks"])
@@ -65,6 +71,7 @@ def outcomes_json(outcomes: Iterable[CaseOutcome]) -> str:
         cases.append({
             "name": o.name, "file": o.file, "expect": o.expect, "verdict": o.verdict,
             "matches_expectation": o.matches, "seconds": round(o.seconds, 4), "error": o.error,
-            "result": result_dict(o.result) if o.result is not None else None,
+            "result": (result_dict(o.result) | ({"witness": o.witness} if o.witness else {}))
+            if o.result is not None else None,
         })
     return json.dumps({"schema_version": JSON_SCHEMA_VERSION, "cases": cases}, indent=2)

@@ -55,6 +55,25 @@ class Failure:
     frames: tuple[Frame, ...] = ()
     ranks: tuple[int, ...] = ()
     reason: str = ""
+    # A stable id of the recognised pattern (one of FAILURE_KINDS), for tools.
+    kind: str = "no-relation"
+    # Per failing rank, what each operand of the op was related to.
+    operand_views: dict[int, list[str]] = field(default_factory=dict)
+
+
+FAILURE_KINDS = {
+    "no-relation": "no relation to the sequential program could be derived",
+    "unreduced-partial": "a partial sum (or max/min) is never completed by a collective",
+    "partial-plus-complete": "a complete value is added to a partial sum on every rank",
+    "nonlinear-on-partial": "a nonlinear op is applied to a partial sum",
+    "partial-times-partial": "two partial sums are multiplied",
+    "wrong-group": "a collective reduces over ranks whose terms do not tile the reduction",
+    "not-adjacent": "an all-gather concatenates blocks that are not adjacent in group order",
+    "operand-mismatch": "the operands hold different blocks of the sequential values",
+    "scale-mismatch": "an output is a constant multiple of the sequential output",
+    "wrong-block": "an output holds another block than its output relation requires",
+    "sequential-frontier": "a sequential op whose output no distributed value matches",
+}
 
 
 @dataclass
@@ -72,6 +91,8 @@ class Result:
     # Every derived view (for --explain and the numeric soundness checks);
     # left out of the JSON report.
     views: list[ViewFact] = field(default_factory=list, repr=False)
+    # The two programs, for --explain, --graph and --witness; left out of the JSON report.
+    problem: Problem | None = field(default=None, repr=False)
 
 
 def _offlist(v: object) -> tuple[int, ...]:
@@ -227,20 +248,23 @@ class Judge:
             if never is not None:
                 out.append(never)
                 continue
-            reason = self.reason(op, ranks)
+            kind, reason = self.reason(op, ranks)
             msg = (f"no relation to the sequential program derived for the output of "
                    f"{op.kind} on ranks {list(ranks)}")
-            ins = self.operand_views(op, ranks[0])
+            views = {r: self.operand_views(op, r) for r in ranks}
+            first = views[ranks[0]]
+            ins = (" [" + " | ".join(f"operand {i} on rank {ranks[0]}: {d}"
+                                     for i, d in enumerate(first)) + "]") if first else ""
             out.append(Failure(op.kind, op.loc.file, op.loc.line,
                                msg + (f": {reason}" if reason else "") + ins, "distributed",
-                               op.loc.frames, ranks, reason))
+                               op.loc.frames, ranks, reason, kind, views))
         sorder = {op.id: i for i, op in enumerate(p.seq.ops)}
         for op_id in sorted((o for o in self.seq_frontier if o in seq_anc), key=sorder.__getitem__):
             op = self.seq_ops[op_id]
             out.append(Failure(op.kind, op.loc.file, op.loc.line,
                                f"the sequential {op.kind} has operands related to the distributed "
                                f"program but no distributed value equals (a block of) its output",
-                               "sequential", op.loc.frames))
+                               "sequential", op.loc.frames, kind="sequential-frontier"))
         return out
 
     def _reduced_downstream(self) -> set[int]:
@@ -276,13 +300,15 @@ class Judge:
                                f"({self.view_text(v)}) that is never reduced")
                         return Failure(mover.kind, mover.loc.file, mover.loc.line,
                                        f"{msg}: {reason}", "distributed", mover.loc.frames,
-                                       (rank,), reason)
+                                       (rank,), reason, "unreduced-partial",
+                                       {rank: self.operand_views(op, rank)})
                     msg = (f"{origin.kind} produces a partial {kind} on every rank "
                            f"({self.view_text(v)}) and no all-reduce or reduce-scatter follows "
                            f"before {op.kind} at {_short(op.loc.file)}:{op.loc.line} uses it")
                     return Failure(origin.kind, origin.loc.file, origin.loc.line,
                                    f"{msg}: {reason}", "distributed", origin.loc.frames,
-                                   (rank,), reason)
+                                   (rank,), reason, "unreduced-partial",
+                                   {rank: self.operand_views(op, rank)})
         return None
 
     def _split_by_data_movement(self, reducer: Op) -> Op | None:
@@ -302,40 +328,37 @@ class Judge:
             t = same[0]
         return None
 
-    def operand_views(self, op: Op, rank: int) -> str:
-        parts = []
-        for pos, t in enumerate(op.inputs):
-            vs = self.by_dist.get((t, rank), [])
-            desc = "; ".join(self.view_text(v) for v in vs[:3]) or "no view"
-            parts.append(f"operand {pos} on rank {rank}: {desc}")
-        return (" [" + " | ".join(parts) + "]") if parts else ""
+    def operand_views(self, op: Op, rank: int) -> list[str]:
+        """What each operand of a distributed op is related to on `rank`."""
+        return ["; ".join(self.view_text(v) for v in self.by_dist.get((t, rank), [])[:3])
+                or "no view" for t in op.inputs]
 
-    def reason(self, op: Op, ranks: tuple[int, ...]) -> str:
+    def reason(self, op: Op, ranks: tuple[int, ...]) -> tuple[str, str]:
+        """The recognised pattern (a FAILURE_KINDS key) and a plain-language reason."""
         r = ranks[0]
         ins = [self.by_dist.get((t, r), []) for t in op.inputs]
         partial = [bool(vs) and all(v.partial is not None for v in vs) for vs in ins]
         complete = [any(v.partial is None for v in vs) for vs in ins]
         k = op.kind
         if k in ("add", "sub") and any(partial) and any(complete):
-            return ("adds a complete value to a partial sum, so it is counted once per rank: "
-                    "add it after the reduction")
+            return "partial-plus-complete", ("adds a complete value to a partial sum, so it is "
+                                             "counted once per rank: add it after the reduction")
         if (k in ir.ELEMENTWISE_NONLINEAR_UNARY or k in ir.ELEMENTWISE_NONLINEAR_BINARY
                 or k in ir.ELEMENTWISE_NARY) and any(partial):
-            return "nonlinear op applied to a partial sum: reduce first"
+            return "nonlinear-on-partial", "nonlinear op applied to a partial sum: reduce first"
         if k in ("mul", "dot_general") and all(partial) and len(partial) == 2:
-            return "multiplies two partial sums: reduce one of them first"
+            return "partial-times-partial", "multiplies two partial sums: reduce one of them first"
         if k in ("all_reduce", "reduce_scatter") and op.inputs:
-            return self.group_reason(op)
+            text = self.group_reason(op)
+            return ("wrong-group" if text else "no-relation"), text
         if k == "all_gather":
-            return (f"the members' blocks are not adjacent along dim {op.params['dimension']} "
-                    "in group order")
+            return "not-adjacent", (f"the members' blocks are not adjacent along dim "
+                                    f"{op.params['dimension']} in group order")
         if k in ir.ELEMENTWISE_ADDSUB | {"mul", "div"} | ir.ELEMENTWISE_NONLINEAR_BINARY:
             offs = [{v.offsets for v in vs} for vs in ins]
             if all(offs) and not set.intersection(*offs):
-                return "operands hold different blocks of the sequential values"
-        if any(not vs for vs in ins):
-            return ""
-        return ""
+                return "operand-mismatch", "operands hold different blocks of the sequential values"
+        return "no-relation", ""
 
     def group_reason(self, op: Op) -> str:
         x = op.inputs[0]
@@ -370,6 +393,7 @@ class Judge:
             prod = self.dist_prod.get(d)
             for r in bad[:1] if len(bad) > 1 else bad:
                 vs = self.by_seq_dist.get((s, d, r), [])
+                kind = "no-relation"
                 if rel is None:
                     msg = f"{name}: no expected relation given"
                 elif not vs:
@@ -379,14 +403,17 @@ class Judge:
                     shape = self.p.dist.tensors[d].shape
                     exp = _fmt_offsets(rel.offsets[r], shape)
                     if v.partial is not None:
+                        kind = "unreduced-partial"
                         msg = (f"{name} on rank {r} is a partial sum that is never reduced "
                                f"({self.view_text(v)})")
                     elif v.scale != UNIT:
+                        kind = "scale-mismatch"
                         entry = self.origin(d, r, vs)
                         msg = (f"{name} on rank {r} is {scale_value(v.scale)} times the sequential "
                                f"value: scale differs by {scale_value(v.scale)}"
                                + (f" (the factor enters at {self.op_desc(entry)})" if entry else ""))
                     else:
+                        kind = "wrong-block"
                         msg = (f"{name} on rank {r} holds {_fmt_offsets(v.offsets, shape)} of the "
                                f"sequential output but the output relation requires {exp}")
                 if len(bad) > 1:
@@ -397,7 +424,10 @@ class Judge:
                 frames = loc_op.loc.frames if loc_op else ()
                 out.append(Failure(loc_op.kind if loc_op else "output",
                                    loc_op.loc.file if loc_op else "", loc_op.loc.line if loc_op else 0,
-                                   msg, "distributed", frames, tuple(bad)))
+                                   msg, "distributed", frames, tuple(bad), kind=kind,
+                                   operand_views={q: [self.view_text(w) for w in
+                                                      self.by_seq_dist.get((s, d, q), [])[:3]]
+                                                  or ["no view"] for q in bad}))
         return out
 
     def origin(self, d: int, r: int, vs: list[ViewFact]) -> Op | None:

@@ -1,0 +1,157 @@
+"""`--explain`: why a distributed tensor equals (a block of) a sequential one.
+
+The engines return the derived views, not which rule produced each. This module
+rebuilds a derivation from them: for a view it finds a rule family whose
+premises (views of the ops' operands) are all among the derived views, and
+recurses to the input relations. Every step shown is an instance of a rule of
+datalog/*.dl whose conclusion and premises were all derived.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from dlverify import ir
+from dlverify.ir import Graph, Op
+from dlverify.verdict import Result, ViewFact, _fmt_offsets, _short, scale_value
+
+COLLECTIVE_RULES = "collectives.dl"
+
+
+@dataclass
+class Step:
+    view: ViewFact
+    rule: str               # the rule family, with its file
+    where: str              # the ops involved, with source lines
+    premises: list["Step"] = field(default_factory=list)
+
+
+def _family(kind: str) -> str:
+    if kind in ir.COLLECTIVES:
+        return f"{kind} ({COLLECTIVE_RULES})"
+    if kind in ("dot_general",) or kind.startswith("reduce_"):
+        return f"{kind} (contraction.dl)"
+    if kind in ir.LAYOUT:
+        return f"{kind} (layout.dl)"
+    return f"elementwise {kind} (elementwise.dl)"
+
+
+def _loc(op: Op) -> str:
+    return f"{op.kind} at {_short(op.loc.file)}:{op.loc.line}" if op.loc.frames else op.kind
+
+
+class Explainer:
+    def __init__(self, result: Result) -> None:
+        if result.problem is None:
+            raise ValueError("the result carries no problem to explain")
+        self.p = result.problem
+        self.views = set(result.views)
+        self.by_pair: dict[tuple[int, int, int], list[ViewFact]] = defaultdict(list)
+        self.by_dist: dict[tuple[int, int], list[ViewFact]] = defaultdict(list)
+        for v in result.views:
+            self.by_pair[(v.seq, v.dist, v.rank)].append(v)
+            self.by_dist[(v.dist, v.rank)].append(v)
+        self.sprod = self.p.seq.producer()
+        self.dprod = self.p.dist.producer()
+        self.inputs = {(s, d) for s, d in zip(self.p.seq.inputs, self.p.dist.inputs)}
+
+    def _pair_views(self, s: int, d: int, r: int) -> list[ViewFact]:
+        return self.by_pair.get((s, d, r), [])
+
+    def step(self, v: ViewFact, depth: int, seen: set[ViewFact]) -> Step:
+        if (v.seq, v.dist) in self.inputs:
+            return Step(v, "input relation (in_specs / spec)", "program input")
+        if depth <= 0 or v in seen:
+            return Step(v, "...", "(already shown or depth limit)")
+        seen = seen | {v}
+        dop, sop = self.dprod.get(v.dist), self.sprod.get(v.seq)
+        # 1. the same op on both sides, operands related position by position
+        if dop is not None and sop is not None and dop.kind == sop.kind and \
+                len(dop.inputs) == len(sop.inputs) and dop.kind not in ir.COLLECTIVES:
+            prem = []
+            for si, di in zip(sop.inputs, dop.inputs):
+                cands = self._pair_views(si, di, v.rank)
+                if cands:
+                    prem.append(cands[0])
+            if prem:
+                return Step(v, _family(dop.kind), f"{_loc(dop)} ~ {_loc(sop)}",
+                            [self.step(p, depth - 1, seen) for p in prem])
+        # 2. the distributed side moves data within views of the same s
+        if dop is not None:
+            ranks = [v.rank]
+            if dop.kind in ir.COLLECTIVES:
+                ranks = sorted({r for grp in dop.params.get("groups", []) if v.rank in grp for r in grp}
+                               | {src for src, dst in dop.params.get("pairs", []) if dst == v.rank})
+            prem = [c for t in dop.inputs for r in ranks for c in self._pair_views(v.seq, t, r)[:1]]
+            if prem:
+                return Step(v, _family(dop.kind) + (" on the distributed side" if dop.kind not in ir.COLLECTIVES else ""),
+                            _loc(dop), [self.step(p, depth - 1, seen) for p in prem])
+        # 3. the sequential side moves data (or scales) within views of the same d
+        if sop is not None:
+            prem = [c for t in sop.inputs for c in self._pair_views(t, v.dist, v.rank)[:1]]
+            if prem:
+                return Step(v, _family(sop.kind) + " on the sequential side", _loc(sop),
+                            [self.step(p, depth - 1, seen) for p in prem])
+        return Step(v, "constant or iota", _loc(dop) if dop else "")
+
+    def render(self, v: ViewFact, depth: int = 12) -> list[str]:
+        lines: list[str] = []
+        shown: set[ViewFact] = set()
+
+        def show(st: Step, indent: int) -> None:
+            pad = "  " * indent
+            if st.view in shown and st.premises:
+                lines.append(pad + f"{self.describe(st.view)}  (derived above)")
+                return
+            shown.add(st.view)
+            lines.append(pad + f"{self.describe(st.view)}")
+            lines.append(pad + f"  by {st.rule}: {st.where}")
+            for p in st.premises:
+                show(p, indent + 1)
+
+        show(self.step(v, depth, set()), 0)
+        return lines
+
+    def describe(self, v: ViewFact) -> str:
+        g: Graph = self.p.dist
+        shape = g.tensors[v.dist].shape
+        dname = self._name(self.p.dist, v.dist, self.dprod)
+        sname = self._name(self.p.seq, v.seq, self.sprod)
+        text = f"rank {v.rank}: {dname} = "
+        if v.scale != (0, 0, 0, 0):
+            text += f"{scale_value(v.scale)} x "
+        if v.partial is not None:
+            red = {0: "sum", 1: "max", 2: "min"}[v.partial.reducer]
+            text += f"partial {red} [{v.partial.lo}:{v.partial.hi}) of "
+        return text + f"{sname}{_fmt_offsets(v.offsets, shape)}"
+
+    def _name(self, g: Graph, t: int, prod: dict[int, Op]) -> str:
+        if t in g.inputs:
+            i = g.inputs.index(t)
+            return g.input_names[i] if i < len(g.input_names) else f"in{i}"
+        if t in g.outputs:
+            i = g.outputs.index(t)
+            return g.output_names[i] if i < len(g.output_names) else f"out{i}"
+        op = prod.get(t)
+        return f"%{t}({_loc(op)})" if op else f"%{t}"
+
+
+def explain(result: Result, target: str, rank: int = 0) -> list[str]:
+    """The derivation of output `target` ("out0", or an output index) on `rank`."""
+    ex = Explainer(result)
+    p = ex.p
+    names = p.seq.output_names or [f"out{i}" for i in range(len(p.seq.outputs))]
+    if target.isdigit():
+        idx = int(target)
+    elif target in names:
+        idx = names.index(target)
+    else:
+        raise ValueError(f"no output named {target!r}; outputs are {names}")
+    if not 0 <= idx < len(p.seq.outputs):
+        raise ValueError(f"output index {idx} out of range (0..{len(p.seq.outputs) - 1})")
+    s, d = p.seq.outputs[idx], p.dist.outputs[idx]
+    cands = [v for v in ex._pair_views(s, d, rank)]
+    if not cands:
+        return [f"{names[idx]} on rank {rank}: no view derived, nothing to explain"]
+    cands.sort(key=lambda v: (v.partial is not None, v.scale != (0, 0, 0, 0)))
+    return ex.render(cands[0])

@@ -1,0 +1,71 @@
+"""SARIF 2.1.0 output, so CI systems annotate the failing source lines."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterable
+
+from dlverify.cases import CaseOutcome
+from dlverify.verdict import FAILURE_KINDS, Failure
+
+SARIF_VERSION = "2.1.0"
+SARIF_SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
+TOOL_URI = "https://github.com/dlverify/dlverify"
+
+
+def _uri(path: str, root: Path) -> str:
+    try:
+        return Path(os.path.relpath(path, root)).as_posix() if path else ""
+    except ValueError:  # another drive
+        return Path(path).as_posix()
+
+
+def _result(f: Failure, case: str, root: Path) -> dict:
+    res: dict = {
+        "ruleId": f.kind,
+        "level": "error",
+        "message": {"text": f"[{case}] {f.op}: {f.message}"},
+        "properties": {"case": case, "program": f.program, "ranks": list(f.ranks)},
+    }
+    if f.file:
+        loc = {"physicalLocation": {"artifactLocation": {"uri": _uri(f.file, root)},
+                                    "region": {"startLine": max(1, f.line)}}}
+        res["locations"] = [loc]
+        if len(f.frames) > 1:
+            res["relatedLocations"] = [
+                {"id": i, "message": {"text": f"called from {fr.function}"},
+                 "physicalLocation": {"artifactLocation": {"uri": _uri(fr.file, root)},
+                                      "region": {"startLine": max(1, fr.line)}}}
+                for i, fr in enumerate(f.frames[1:], start=1)]
+    return res
+
+
+def sarif_log(outcomes: Iterable[CaseOutcome], root: Path | None = None) -> dict:
+    """One run; a result per failure of every case whose verdict is 'not verified'
+    (expected or not), and one per case that did not match its expectation."""
+    root = root or Path.cwd()
+    results = []
+    for o in outcomes:
+        if o.result is not None and not o.result.verified:
+            results += [_result(f, o.name, root) for f in o.result.failures]
+        if o.result is not None and not o.matches and o.result.verified:
+            results.append({"ruleId": "unexpected-verdict", "level": "error",
+                            "message": {"text": f"[{o.name}] verified, but the case expects a bug"},
+                            "locations": [{"physicalLocation": {
+                                "artifactLocation": {"uri": _uri(o.file, root)}}}]})
+    rules = [{"id": k, "shortDescription": {"text": v}} for k, v in FAILURE_KINDS.items()]
+    rules.append({"id": "unexpected-verdict",
+                  "shortDescription": {"text": "a case verified although it expects a bug"}})
+    return {
+        "$schema": SARIF_SCHEMA_URI,
+        "version": SARIF_VERSION,
+        "runs": [{
+            "tool": {"driver": {"name": "dlverify", "informationUri": TOOL_URI, "rules": rules}},
+            "results": results,
+        }],
+    }
+
+
+def write_sarif(outcomes: Iterable[CaseOutcome], path: Path) -> None:
+    path.write_text(json.dumps(sarif_log(list(outcomes)), indent=2))

@@ -1,0 +1,144 @@
+"""Issue 5: proofs that can be explained, failures with subgraphs and numeric
+witnesses, and machine-readable reports that validate against their schemas."""
+import json
+import shutil
+import subprocess
+from importlib import resources
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+import jsonschema
+import pytest
+
+from conftest import bug_line, example_targets
+from dlverify.api import verify_jax
+from dlverify.cases import CaseOutcome, load_cases
+from dlverify.explain import explain
+from dlverify.junit import junit_xml
+from dlverify.report import outcomes_json
+from dlverify.sarif import sarif_log
+from dlverify.subgraph import failing_subgraphs, to_dot, write_graph
+from dlverify.witness import witness
+
+TARGETS = example_targets()
+
+
+def _schema(name):
+    return json.loads(resources.files("dlverify").joinpath("schemas", name).read_text())
+
+
+@pytest.fixture(scope="module")
+def outcomes():
+    out = []
+    for path, name in TARGETS:
+        c = dict(load_cases(path, name))[name]()
+        res = verify_jax(c.seq, c.dist, *c.args, engine="clingo", name=name)
+        o = CaseOutcome(name, str(path), c.expect, res, seconds=0.1)
+        o.bug_line = bug_line(c.dist) if c.expect == "bug" else None
+        out.append(o)
+    return out
+
+
+def test_every_correct_example_is_explained_back_to_its_inputs(outcomes):
+    for o in outcomes:
+        if o.expect != "verified":
+            continue
+        for rank in range(o.result.problem.mesh.size):
+            lines = explain(o.result, "out0", rank)
+            assert lines[0].startswith(f"rank {rank}: out0 = "), lines[0]
+            assert any("input relation" in line for line in lines), (o.name, lines)
+            assert not any("constant or iota" in line and "in0" in line for line in lines)
+
+
+def test_explain_rejects_unknown_outputs(outcomes):
+    with pytest.raises(ValueError, match="no output named"):
+        explain(outcomes[0].result, "logits")
+
+
+def test_failures_carry_frames_views_and_a_kind(outcomes):
+    for o in outcomes:
+        if o.expect != "bug":
+            continue
+        first = o.result.failures[0]
+        assert first.kind != "no-relation" or first.reason == "", (o.name, first)
+        assert first.frames and first.frames[0].line == first.line
+        assert first.operand_views, o.name
+        assert o.bug_line in {fr.line for fr in first.frames}
+
+
+def test_reasons_name_the_recognised_patterns(outcomes):
+    kinds = {o.name: o.result.failures[0].kind for o in outcomes if o.expect == "bug"}
+    assert kinds["megatron_mlp_bug_missing_psum"] == "unreduced-partial"
+    assert kinds["megatron_mlp_bug_bias_before_psum"] == "partial-plus-complete"
+    assert kinds["megatron_mlp_bug_gelu_on_partial_sum"] == "nonlinear-on-partial"
+    assert kinds["mesh_2d_bug_psum_wrong_axis"] == "wrong-group"
+    assert kinds["dp_grad_bug_psum_no_divide"] == "scale-mismatch"
+    assert kinds["sequence_parallel_mlp_bug_gather_wrong_dim"] == "not-adjacent"
+    assert kinds["ring_shift_bug_wrong_direction"] == "wrong-block"
+    scale = next(o for o in outcomes if o.name == "dp_grad_bug_psum_no_divide").result.failures[0]
+    assert "scale differs by 4" in scale.message
+
+
+def test_witness_confirms_every_bug_and_no_correct_case(outcomes):
+    for o in outcomes:
+        w = witness(o.result, seed=3)
+        assert w.ran, w.note
+        assert w.confirmed == (o.expect == "bug"), (o.name, w.summary())
+        if o.expect == "bug":
+            assert "confirmed numerically" in w.summary()
+
+
+def test_witness_refuses_shapes_too_large_for_memory(outcomes):
+    w = witness(outcomes[0].result, max_bytes=1000)
+    assert not w.ran and "GiB of values" in w.note and "not run" in w.summary()
+
+
+def test_failing_subgraph_highlights_the_failing_ops(outcomes, tmp_path):
+    o = next(o for o in outcomes if o.name == "megatron_mlp_bug_bias_before_psum")
+    graphs = failing_subgraphs(o.result)
+    failing = [n for n, d in graphs["distributed"].nodes(data=True) if d.get("failing")]
+    assert failing, "the failing op is not in the subgraph"
+    labels = [graphs["distributed"].nodes[n]["label"] for n in failing]
+    assert any(f"megatron_mlp.py:{o.bug_line}" in label for label in labels)
+    dot = to_dot(graphs, o.name)
+    assert dot.startswith("digraph") and "fillcolor=\"#f4a6a6\"" in dot
+    note = write_graph(o.result, tmp_path / "g.dot")
+    assert (tmp_path / "g.dot").read_text() == dot and "wrote" in note
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz is not installed")
+def test_failing_subgraph_renders_to_svg(outcomes, tmp_path):
+    o = next(o for o in outcomes if o.name == "megatron_mlp_bug_bias_before_psum")
+    write_graph(o.result, tmp_path / "g.svg")
+    svg = (tmp_path / "g.svg").read_text()
+    assert "<svg" in svg and "megatron_mlp.py" in svg
+
+
+def test_json_report_validates_against_its_schema(outcomes):
+    doc = json.loads(outcomes_json(outcomes))
+    jsonschema.validate(doc, _schema("report-v1.schema.json"))
+    assert doc["schema_version"] == 1 and len(doc["cases"]) == len(outcomes)
+
+
+def test_sarif_validates_and_points_at_the_bug_lines(outcomes):
+    log = sarif_log(outcomes, root=Path(__file__).resolve().parent.parent)
+    jsonschema.validate(log, _schema("sarif-2.1.0-subset.schema.json"))
+    results = log["runs"][0]["results"]
+    rule_ids = {r["id"] for r in log["runs"][0]["tool"]["driver"]["rules"]}
+    assert all(r["ruleId"] in rule_ids for r in results)
+    for o in outcomes:
+        if o.expect == "bug":
+            mine = [r for r in results if r["properties"]["case"] == o.name]
+            assert mine[0]["locations"][0]["physicalLocation"]["artifactLocation"]["uri"].startswith("examples/")
+            lines = {mine[0]["locations"][0]["physicalLocation"]["region"]["startLine"]}
+            lines |= {rl["physicalLocation"]["region"]["startLine"] for rl in mine[0].get("relatedLocations", [])}
+            assert o.bug_line in lines
+
+
+def test_junit_xml_counts_mismatches(outcomes):
+    flipped = CaseOutcome("flipped", outcomes[0].file, "bug", outcomes[0].result, seconds=0.1)
+    root = ET.fromstring(junit_xml(list(outcomes) + [flipped]))
+    assert root.get("tests") == str(len(outcomes) + 1)
+    assert root.get("failures") == "1"
+    failed = [tc for tc in root.iter("testcase") if tc.find("failure") is not None]
+    assert [tc.get("name") for tc in failed] == ["flipped"]
