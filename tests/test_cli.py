@@ -279,3 +279,25 @@ def test_a_dim_not_divisible_by_the_mesh_axis(tmp_path):
     assert res.exit_code == 2
     line = one_error_line(res)
     assert str(path) in line and "divisible" in line
+
+
+def test_report_flags_write_sarif_junit_graph_and_witness(tmp_path):
+    sarif, junit, graph = tmp_path / "r.sarif", tmp_path / "r.xml", tmp_path / "g.dot"
+    res = invoke("examples/megatron_mlp.py::megatron_mlp_bug_missing_psum", "--witness",
+                 "--sarif", str(sarif), "--junit", str(junit), "--graph", str(graph))
+    assert res.exit_code == 0, res.output
+    assert "witness: confirmed numerically" in res.stdout
+    import json as _json
+    log = _json.loads(sarif.read_text())
+    assert log["version"] == "2.1.0" and log["runs"][0]["results"][0]["ruleId"] == "unreduced-partial"
+    assert "<testsuite" in junit.read_text() and 'failures="0"' in junit.read_text()
+    assert graph.read_text().startswith("digraph")
+
+
+def test_explain_flag_traces_an_output_to_the_inputs():
+    res = invoke("examples/ring_shift.py::ring_shift", "--explain", "out0@2")
+    assert res.exit_code == 0, res.output
+    assert "rank 2: out0 = out0[8:12, 0:8]" in res.stdout
+    assert "input relation" in res.stdout
+    bad = invoke("examples/ring_shift.py::ring_shift", "--explain", "logits")
+    assert bad.exit_code == 2 and "no output named 'logits'" in bad.stderr
