@@ -333,6 +333,7 @@ EXPORTERS["core_call"] = _inline("call_jaxpr")
 EXPORTERS["custom_jvp_call"] = _inline("call_jaxpr")
 EXPORTERS["checkpoint"] = _inline("jaxpr")
 EXPORTERS["remat"] = _inline("jaxpr")
+EXPORTERS["remat2"] = _inline("jaxpr")
 
 
 @exporter("custom_vjp_call", "custom_vjp_call_jaxpr")
