@@ -27,6 +27,24 @@ class Case:
 CASE_MARKER = "__dlverify_case__"
 
 
+def host_mesh(shape: tuple[int, ...], names: tuple[str, ...]) -> Any:
+    """A `jax.sharding.Mesh` (axis types Auto) over the first prod(shape) devices.
+
+    The CLI provides 8 host CPU devices; elsewhere set
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 before importing JAX.
+    """
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+
+    n = int(np.prod(shape))
+    devices = jax.devices()
+    if len(devices) < n:
+        raise RuntimeError(f"this case needs {n} devices but JAX sees {len(devices)}; set "
+                           "XLA_FLAGS=--xla_force_host_platform_device_count=8 before importing jax")
+    return Mesh(np.array(devices[:n]).reshape(shape), names)
+
+
 def case(fn: Callable[[], Case]) -> Callable[[], Case]:
     """Mark a zero-argument function returning a `Case` as a verification case."""
     setattr(fn, CASE_MARKER, True)

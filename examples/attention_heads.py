@@ -21,17 +21,6 @@ LOCAL_HEADS = HEADS // TP
 SCALE = 1.0 / np.sqrt(HEAD_DIM)
 
 
-def _mesh(shape, names):
-    """A mesh over the first prod(shape) devices (axis types Auto)."""
-    n = int(np.prod(shape))
-    devices = jax.devices()
-    if len(devices) < n:
-        raise RuntimeError(
-            f"this case needs {n} devices but JAX sees {len(devices)}; set "
-            "XLA_FLAGS=--xla_force_host_platform_device_count=8 before importing jax")
-    return Mesh(np.array(devices[:n]).reshape(shape), names)
-
-
 def _args():
     f32 = jnp.float32
     return (
@@ -44,7 +33,7 @@ def _args():
 
 
 def _dist(local_fn, check_vma=True):
-    mesh = _mesh((TP,), ("tp",))
+    mesh = dlverify.host_mesh((TP,), ("tp",))
     col = P(None, "tp")
     return jax.jit(jax.shard_map(
         local_fn, mesh=mesh, in_specs=(P(), col, col, col, P("tp", None)),

@@ -25,17 +25,6 @@ DP = 4
 BATCH, D_IN, D_OUT = 32, 16, 4
 
 
-def _mesh(shape, names):
-    """A mesh over the first prod(shape) devices (axis types Auto)."""
-    n = int(np.prod(shape))
-    devices = jax.devices()
-    if len(devices) < n:
-        raise RuntimeError(
-            f"this case needs {n} devices but JAX sees {len(devices)}; set "
-            "XLA_FLAGS=--xla_force_host_platform_device_count=8 before importing jax")
-    return Mesh(np.array(devices[:n]).reshape(shape), names)
-
-
 def _args():
     f32 = jnp.float32
     return (
@@ -46,7 +35,7 @@ def _args():
 
 
 def _dist(local_fn):
-    mesh = _mesh((DP,), ("dp",))
+    mesh = dlverify.host_mesh((DP,), ("dp",))
     return jax.jit(jax.shard_map(local_fn, mesh=mesh, in_specs=(P(), P("dp"), P("dp")),
                                  out_specs=P()))
 

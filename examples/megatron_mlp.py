@@ -20,17 +20,6 @@ import dlverify
 BATCH, D_MODEL, D_FF = 8, 16, 32
 
 
-def _mesh(shape, names):
-    """A mesh over the first prod(shape) devices (axis types Auto)."""
-    n = int(np.prod(shape))
-    devices = jax.devices()
-    if len(devices) < n:
-        raise RuntimeError(
-            f"this case needs {n} devices but JAX sees {len(devices)}; set "
-            "XLA_FLAGS=--xla_force_host_platform_device_count=8 before importing jax")
-    return Mesh(np.array(devices[:n]).reshape(shape), names)
-
-
 def _args():
     f32 = jnp.float32
     return (
@@ -46,7 +35,7 @@ IN_SPECS = (P(), P(None, "tp"), P("tp", None), P())
 
 
 def _dist(local_fn, tp, check_vma=True):
-    mesh = _mesh((tp,), ("tp",))
+    mesh = dlverify.host_mesh((tp,), ("tp",))
     return jax.jit(jax.shard_map(local_fn, mesh=mesh, in_specs=IN_SPECS,
                                  out_specs=P(), check_vma=check_vma))
 

@@ -19,23 +19,12 @@ BLOCK, COLS = 4, 8
 ROWS = N * BLOCK
 
 
-def _mesh(shape, names):
-    """A mesh over the first prod(shape) devices (axis types Auto)."""
-    n = int(np.prod(shape))
-    devices = jax.devices()
-    if len(devices) < n:
-        raise RuntimeError(
-            f"this case needs {n} devices but JAX sees {len(devices)}; set "
-            "XLA_FLAGS=--xla_force_host_platform_device_count=8 before importing jax")
-    return Mesh(np.array(devices[:n]).reshape(shape), names)
-
-
 def _args():
     return (jax.ShapeDtypeStruct((ROWS, COLS), jnp.float32),)
 
 
 def _dist(local_fn):
-    mesh = _mesh((N,), ("ring",))
+    mesh = dlverify.host_mesh((N,), ("ring",))
     return jax.jit(jax.shard_map(local_fn, mesh=mesh, in_specs=(P("ring", None),),
                                  out_specs=P("ring", None)))
 

@@ -20,17 +20,6 @@ TP = 4
 BATCH, SEQ, D_MODEL, D_FF = 4, 16, 8, 32
 
 
-def _mesh(shape, names):
-    """A mesh over the first prod(shape) devices (axis types Auto)."""
-    n = int(np.prod(shape))
-    devices = jax.devices()
-    if len(devices) < n:
-        raise RuntimeError(
-            f"this case needs {n} devices but JAX sees {len(devices)}; set "
-            "XLA_FLAGS=--xla_force_host_platform_device_count=8 before importing jax")
-    return Mesh(np.array(devices[:n]).reshape(shape), names)
-
-
 def _args():
     f32 = jnp.float32
     return (
@@ -41,7 +30,7 @@ def _args():
 
 
 def _dist(local_fn):
-    mesh = _mesh((TP,), ("tp",))
+    mesh = dlverify.host_mesh((TP,), ("tp",))
     return jax.jit(jax.shard_map(
         local_fn, mesh=mesh,
         in_specs=(P(None, "tp", None), P(None, "tp"), P("tp", None)),
