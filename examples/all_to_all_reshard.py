@@ -16,7 +16,6 @@ Cases:
 """
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
 import dlverify

@@ -16,7 +16,6 @@ a gradient that autodiff had already summed.
 """
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
 import dlverify

@@ -12,7 +12,6 @@ psum, bias added before the psum, gelu applied to a partial sum).
 """
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
 import dlverify

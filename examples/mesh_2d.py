@@ -10,7 +10,6 @@ instead of 'tp'.
 """
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
 import dlverify

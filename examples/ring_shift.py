@@ -9,7 +9,6 @@ Cases: the correct shift and a buggy twin that sends to the previous rank.
 """
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
 import dlverify

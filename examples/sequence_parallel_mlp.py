@@ -11,7 +11,6 @@ batch dim instead of the sequence dim.
 """
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
 import dlverify
