@@ -90,6 +90,89 @@ def check_jax(
     raise typer.Exit(EXIT_OK if all(o.matches for o in outcomes) else EXIT_MISMATCH)
 
 
+def _engine_ok(engine: str) -> None:
+    if engine not in ("auto", "clingo", "souffle"):
+        _fail_input(InputError(f"unknown engine {engine!r}: use auto, clingo or souffle"))
+
+
+def _run_hlo(job, json_out: bool, verbose: bool, timeout: Optional[float]) -> None:
+    """Run `job()` -> [(name, file, Result, seconds)], print, exit 0/1 (2, 3 on errors)."""
+    from dlverify.hlo_api import result_lines, results_json
+    from dlverify.limits import OutOfTime, time_limit
+
+    try:
+        with time_limit(timeout):
+            items = job()
+    except InputError as e:
+        _fail_input(e)
+    except OutOfTime as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(EXIT_RESOURCES)
+    except MemoryError:
+        typer.echo("error: out of memory", err=True)
+        raise typer.Exit(EXIT_RESOURCES)
+    if json_out:
+        typer.echo(results_json(items))
+    else:
+        for name, _file, res, secs in items:
+            for line in result_lines(name, res, secs, verbose):
+                typer.echo(line)
+    raise typer.Exit(EXIT_OK if all(res.verified for _, _, res, _ in items) else EXIT_MISMATCH)
+
+
+@app.command("check")
+def check_hlo(
+    seq: Path = typer.Argument(..., help="the sequential HLO text module"),
+    dist: Path = typer.Argument(..., help="the distributed (SPMD, per-rank) HLO text module"),
+    ranks: Optional[int] = typer.Option(None, "--ranks", help="number of ranks (default: the spec's ranks, else num_partitions * replica_count)"),
+    spec: Optional[Path] = typer.Option(None, "--spec", help="relation spec TOML ([params], optional [outputs])"),
+    custom_calls: Optional[Path] = typer.Option(None, "--custom-calls", help="custom-call registry TOML merged over the built-in one"),
+    json_out: bool = typer.Option(False, "--json", help="print the versioned JSON report"),
+    engine: str = typer.Option("auto", help="auto | clingo | souffle"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="all failures, notes, timings"),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="seconds for the whole run (exit 3 when exceeded)"),
+) -> None:
+    """Verify a distributed HLO module against a sequential one."""
+    _engine_ok(engine)
+    if ranks is not None and ranks < 1:
+        _fail_input(InputError(f"--ranks must be positive, got {ranks}"))
+
+    def job():
+        import time
+
+        from dlverify.hlo_api import verify_hlo
+        t0 = time.perf_counter()
+        res = verify_hlo(seq, dist, spec, ranks=ranks, engine=engine, custom_calls=custom_calls)
+        return [(f"{seq.name} vs {dist.name}", str(dist), res, time.perf_counter() - t0)]
+
+    _run_hlo(job, json_out, verbose, timeout)
+
+
+@app.command("check-dump")
+def check_dump(
+    dump_dir: Path = typer.Argument(..., help="a folder written with --xla_dump_to"),
+    custom_calls: Optional[Path] = typer.Option(None, "--custom-calls", help="custom-call registry TOML merged over the built-in one"),
+    json_out: bool = typer.Option(False, "--json", help="print the versioned JSON report"),
+    engine: str = typer.Option("auto", help="auto | clingo | souffle"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="all failures, notes, timings"),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="seconds for the whole run (exit 3 when exceeded)"),
+) -> None:
+    """Verify every SPMD-partitioned module of an XLA dump folder (before
+    optimisations vs after SPMD partitioning, else after optimisations)."""
+    _engine_ok(engine)
+
+    def job():
+        import time
+
+        from dlverify.hlo_api import verify_dump
+        t0 = time.perf_counter()
+        out = verify_dump(dump_dir, engine=engine, custom_calls=custom_calls)
+        secs = (time.perf_counter() - t0) / max(1, len(out))
+        return [(res.name or name, name, res, secs) for name, res in out]
+
+    _run_hlo(job, json_out, verbose, timeout)
+
+
 def main() -> None:
     try:
         app()

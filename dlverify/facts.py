@@ -268,6 +268,8 @@ class Exporter:
             for j, i in enumerate(kept):
                 self.add(S.REDUCE_OUT, op.id, j, i)
             sig_key = (k, axes)
+        elif k == "gather":
+            sig_key = self.gather(op, shapes, out_shape)
         elif k in ir.COLLECTIVES:
             self.collective(op)
         self.add(S.OP_SIG, op.id, self.sig(sig_key))
@@ -292,6 +294,48 @@ class Exporter:
             if i not in rc and i not in rb:
                 self.add(S.DOT_OUT, op.id, j, 1, i, -1)
                 j += 1
+
+    def gather(self, op: Op, shapes: list[tuple[int, ...]], out_shape: tuple[int, ...]) -> tuple:
+        """Gather facts when the gather has the form the rules handle (see schema):
+        no batching dims, every operand dim outside start_index_map sliced whole."""
+        p = op.params
+        sig = ("gather", tuple(p["offset_dims"]), tuple(p["collapsed_slice_dims"]),
+               tuple(p["start_index_map"]), p["index_vector_dim"],
+               tuple(p.get("operand_batching_dims") or ()),
+               tuple(p.get("start_indices_batching_dims") or ()))
+        operand, indices = shapes[0], shapes[1]
+        smap, collapsed = tuple(p["start_index_map"]), tuple(p["collapsed_slice_dims"])
+        sizes, ivd = tuple(p["slice_sizes"]), p["index_vector_dim"]
+        if p.get("operand_batching_dims") or p.get("start_indices_batching_dims"):
+            return sig
+        if len(sizes) != len(operand) or len(set(smap)) != len(smap):
+            return sig
+        if any(sizes[i] != operand[i] for i in range(len(operand)) if i not in smap):
+            return sig
+        if any(i not in smap or sizes[i] != 1 for i in collapsed):
+            return sig
+        ivd = len(indices) if ivd is None else ivd
+        vec = ivd if ivd < len(indices) else -1
+        if vec >= 0 and indices[vec] != len(smap):
+            return sig
+        if vec < 0 and len(smap) != 1:
+            return sig
+        kept = [i for i in range(len(operand)) if i not in collapsed]
+        offset_dims = tuple(p["offset_dims"])
+        if len(offset_dims) != len(kept):
+            return sig
+        batch_out = [j for j in range(len(out_shape)) if j not in offset_dims]
+        batch_in = [k for k in range(len(indices)) if k != vec]
+        if len(batch_out) != len(batch_in):
+            return sig
+        self.add(S.GATHER, op.id, len(smap), vec)
+        for idx, i in enumerate(smap):
+            self.add(S.GATHER_INDEXED, op.id, idx, i)
+        for j, i in zip(offset_dims, kept):
+            self.add(S.GATHER_OFFSET, op.id, j, i, 1 if i in smap else 0)
+        for j, kk in zip(batch_out, batch_in):
+            self.add(S.GATHER_BATCH, op.id, j, kk)
+        return sig
 
     def dynamic_slice(self, g: Graph, op: Op, fold: Folded, dist: bool,
                       in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> None:

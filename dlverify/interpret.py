@@ -5,7 +5,7 @@ soundness tests that check derived views against real values.
 from __future__ import annotations
 
 import string
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 from scipy import special
@@ -59,7 +59,34 @@ def _dot(op: Op, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     out = [la[i] for i in p["lhs_batch"]]
     out += [la[i] for i in range(a.ndim) if i not in p["lhs_batch"] and i not in p["lhs_contract"]]
     out += [lb[j] for j in range(b.ndim) if j not in p["rhs_batch"] and j not in p["rhs_contract"]]
-    return np.einsum(f"{''.join(la)},{''.join(lb)}->{''.join(out)}", a, b)
+    return np.einsum(f"{''.join(la)},{''.join(lb)}->{''.join(out)}", a, b, optimize=True)
+
+
+def _gather(op: Op, x: np.ndarray, idx: np.ndarray, out_shape: tuple[int, ...]) -> np.ndarray:
+    """XLA gather (no batching dims): start indices clamped so every slice fits."""
+    p = op.params
+    if p.get("operand_batching_dims") or p.get("start_indices_batching_dims"):
+        raise NotExecutable("gather with batching dims")
+    smap, collapsed, sizes = p["start_index_map"], p["collapsed_slice_dims"], p["slice_sizes"]
+    ivd = p["index_vector_dim"]
+    idx = np.asarray(idx).astype(np.int64)
+    idx = idx[..., None] if ivd is None or ivd == idx.ndim else np.moveaxis(idx, ivd, -1)
+    if idx.shape[-1] != len(smap):
+        raise NotExecutable(f"gather index vectors of size {idx.shape[-1]} for {len(smap)} "
+                            f"indexed dims")
+    kept = [i for i in range(x.ndim) if i not in collapsed]
+    batch_out = [j for j in range(len(out_shape)) if j not in p["offset_dims"]]
+    out = np.empty(out_shape, dtype=x.dtype)
+    for b in np.ndindex(*idx.shape[:-1]):
+        start = [0] * x.ndim
+        for k, d in enumerate(smap):
+            start[d] = int(np.clip(idx[b][k], 0, x.shape[d] - sizes[d]))
+        piece = x[tuple(slice(a, a + n) for a, n in zip(start, sizes))]
+        at: list[Any] = [slice(None)] * len(out_shape)
+        for j, v in zip(batch_out, b):
+            at[j] = v
+        out[tuple(at)] = piece.reshape([sizes[i] for i in kept])
+    return out
 
 
 def _reduce(kind: str, x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
@@ -166,6 +193,8 @@ class Interpreter:
             return out
         if k == "dot_general":
             return [_dot(op, ins[0][r], ins[1][r]) for r in R]
+        if k == "gather":
+            return [_gather(op, ins[0][r], ins[1][r], shape) for r in R]
         if k in ("reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and", "reduce_or"):
             return [_reduce(k, ins[0][r], p["axes"]) for r in R]
         if k in ("argmax", "argmin"):

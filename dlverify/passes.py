@@ -113,6 +113,12 @@ def _evaluate(kind: str, params: dict, ins: list[np.ndarray], out_shape: tuple[i
                                 zip(params["start_indices"], params["limit_indices"], st))]
         if kind == "concatenate":
             return np.concatenate(ins, axis=params["dimension"])
+        if kind == "dynamic_slice":
+            x = np.asarray(ins[0])
+            # XLA clamps each start so that the slice stays in bounds
+            starts = [min(max(int(np.asarray(s).reshape(-1)[0]), 0), n - m)
+                      for s, n, m in zip(ins[1:], x.shape, out_shape)]
+            return x[tuple(slice(a, a + m) for a, m in zip(starts, out_shape))]
         if kind == "iota":
             idx = np.arange(out_shape[params["dimension"]])
             shape = [1] * len(out_shape)

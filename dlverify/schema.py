@@ -132,6 +132,19 @@ REDUCE_OUT = _rel("Reduce_Out", "Reduction output dim j is operand dim i.", "op:
 CONTRACT_SIZE = _rel("Contract_Size", "Reduced axis `axis` of sequential op has `size` elements.",
                      "op:OpId", "axis:number", "size:number")
 
+# ---------------------------------------------------------------- gather
+GATHER = _rel("Gather", "Op is a gather without batching dims whose operand dims outside "
+              "start_index_map are sliced whole; n operand dims are indexed, and `vec` is the "
+              "index vector dim of the indices (-1: implicit, the indices' rank).",
+              "op:OpId", "n:number", "vec:number")
+GATHER_INDEXED = _rel("Gather_Indexed", "gather: operand dim i is the idx-th of the n dims "
+                      "in start_index_map.", "op:OpId", "idx:number", "i:number")
+GATHER_OFFSET = _rel("Gather_Offset", "gather: output dim j is operand dim i (not collapsed); "
+                     "indexed = 1 when i is in start_index_map.", "op:OpId", "j:number",
+                     "i:number", "indexed:number")
+GATHER_BATCH = _rel("Gather_Batch", "gather: output dim j is dim k of the indices.",
+                    "op:OpId", "j:number", "k:number")
+
 # ---------------------------------------------------------------- collectives
 COLL_MEMBER = _rel("Coll_Member", "Rank r is member `idx` of group g of collective op; "
                    "groups have n members.", "op:OpId", "g:number", "idx:number", "r:Rank",

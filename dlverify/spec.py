@@ -232,11 +232,14 @@ def _segment(graph: Graph, ids: IdAllocator, pos: int, dim: int, piece_shapes: l
 
 def hlo_problem(seq_path: str | Path, dist_path: str | Path, spec: Spec | None,
                 ranks: int | None, ids: IdAllocator, *,
-                custom_calls: dict[str, Any] | None = None) -> Problem:
+                custom_calls: dict[str, Any] | None = None,
+                instruction_frames: bool = True) -> Problem:
     """Build the Problem of a sequential and a distributed (SPMD, one program per
     rank) HLO text module. Parameters are matched by parameter number, outputs by
     position in the ENTRY root tuple. `ranks`: the --ranks argument; else the
-    spec's `ranks`; else the distributed module's num_partitions * replica_count."""
+    spec's `ranks`; else the distributed module's num_partitions * replica_count.
+    `instruction_frames`: ops are located at their instruction's line in the
+    file first, then at the user frames of its metadata (see hlo_to_graph)."""
     from dlverify.frontends.hlo_text import hlo_to_graph, parse_hlo_module
 
     seq_path, dist_path = str(seq_path), str(dist_path)
@@ -272,8 +275,10 @@ def hlo_problem(seq_path: str | Path, dist_path: str | Path, spec: Spec | None,
         raise InputError(f"{source} says {n} ranks but the module declares "
                          f"num_partitions * replica_count = {header_n}", dist_path)
 
-    seq, seq_info = hlo_to_graph(seq_mod, ids, "sequential", custom_calls=custom_calls)
-    dist, dist_info = hlo_to_graph(dist_mod, ids, "distributed", ranks=n, custom_calls=custom_calls)
+    seq, seq_info = hlo_to_graph(seq_mod, ids, "sequential", custom_calls=custom_calls,
+                                 instruction_frames=instruction_frames)
+    dist, dist_info = hlo_to_graph(dist_mod, ids, "distributed", ranks=n, custom_calls=custom_calls,
+                                   instruction_frames=instruction_frames)
     mesh = Mesh(("_flat",), (n,))
 
     sp, dp = seq_info.params, dist_info.params

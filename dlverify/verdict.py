@@ -12,6 +12,7 @@ import networkx as nx
 from dlverify import ir
 from dlverify import schema as S
 from dlverify.ir import Frame, Graph, Op
+from dlverify.outputs import infer_output_relation
 from dlverify.problem import Problem
 from dlverify.relations import BlockRelation
 
@@ -170,6 +171,7 @@ class Judge:
         self.dist_ops = {op.id: op for op in problem.dist.ops}
         self.seq_prod = problem.seq.producer()
         self.dist_prod = problem.dist.producer()
+        self.inferred: list[str] = []  # output relations inferred from the views
 
     # ------------------------------------------------------------------ naming
     def tname(self, g: Graph, t: int) -> str:
@@ -208,6 +210,14 @@ class Judge:
         for idx, (s, d) in enumerate(zip(p.seq.outputs, p.dist.outputs)):
             name = p.seq.output_names[idx] if p.seq.output_names else f"out{idx}"
             rel = p.outputs[idx]
+            if rel is None:
+                # No expected relation given: the one the complete views tile, if any.
+                rel = infer_output_relation(p, idx, self.views)
+                if rel is not None:
+                    self.inferred.append("output relation inferred: "
+                                         + describe_reconstruction(name, rel, ranks))
+                    outputs.append(describe_reconstruction(name, rel, ranks))
+                    continue
             bad = [r for r in range(ranks) if (s, d, r) not in self.output_ok]
             if rel is not None and not bad:
                 outputs.append(describe_reconstruction(name, rel, ranks))

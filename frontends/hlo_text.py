@@ -1043,8 +1043,9 @@ class HloInfo:
 
 class _Lowerer:
     def __init__(self, module: HloModule, b: GraphBuilder, ranks: int | None,
-                 registry: dict[str, Any] | None) -> None:
+                 registry: dict[str, Any] | None, instruction_frames: bool = False) -> None:
         self.m = module
+        self.instruction_frames = instruction_frames
         self.b = b
         self.file = module.file
         self.R = module.replica_count or 1
@@ -1109,6 +1110,16 @@ class _Lowerer:
         return frames
 
     def loc(self, ins: HloInstruction, outer: SourceLoc | None) -> SourceLoc:
+        """Where `ins` comes from: the user frames of its metadata (else those of the
+        instruction calling its computation); with `instruction_frames`, the
+        instruction's own line in the HLO file comes first."""
+        loc = self._user_loc(ins, outer)
+        if not self.instruction_frames:
+            return loc
+        here = Frame(self.file, ins.line, ins.name)
+        return SourceLoc((here,) + tuple(f for f in loc.frames if f != here), loc.op_name)
+
+    def _user_loc(self, ins: HloInstruction, outer: SourceLoc | None) -> SourceLoc:
         md = ins.attrs.get("metadata")
         frames: tuple[Frame, ...] = ()
         op_name = ""
@@ -1448,6 +1459,8 @@ def _reshape(L: _Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputat
     t = L.tid(ins, ops[0])
     if int(np.prod(L.shape_of(t))) != int(np.prod(sh.dims)):
         raise L.err(ins, f"reshape {L.shape_of(t)} -> {sh.dims} changes the element count")
+    if L.shape_of(t) == sh.dims and L.dtype_of(t) == sh.dtype:
+        return t  # a reshape to the same shape (a layout change in XLA) is the identity
     return L.emit("reshape", [t], sh.dims, sh.dtype, {}, loc, ins.name)
 
 
@@ -1983,16 +1996,20 @@ def _flatten(v: Val) -> list[Val]:
 
 @_single_line
 def hlo_to_graph(module: HloModule, ids: IdAllocator, name: str, *, ranks: int | None = None,
-                 custom_calls: dict[str, Any] | None = None) -> tuple[Graph, HloInfo]:
+                 custom_calls: dict[str, Any] | None = None,
+                 instruction_frames: bool = False) -> tuple[Graph, HloInfo]:
     """Translate the ENTRY computation of `module` into a Graph.
 
     `ranks` is the number of ranks of the flat axis (used for `replica_groups={}`
     and to check group members); default num_partitions * replica_count.
     `custom_calls` is a registry from `frontends.custom_calls.load_registry`
-    (default: the built-in dlverify/custom_calls.toml)."""
+    (default: the built-in dlverify/custom_calls.toml). With
+    `instruction_frames`, every op's innermost frame is its instruction's line
+    in the HLO file (named by the instruction), followed by the user frames of
+    its metadata: for HLO files a user wrote or dumped, where reports point."""
     graph = Graph(name)
     b = GraphBuilder(graph, ids)
-    L = _Lowerer(module, b, ranks, custom_calls)
+    L = _Lowerer(module, b, ranks, custom_calls, instruction_frames)
     entry = module.entry
     pins = entry.parameters()
     if sorted(pins) != list(range(len(pins))):
@@ -2045,6 +2062,26 @@ def hlo_to_graph(module: HloModule, ids: IdAllocator, name: str, *, ranks: int |
     return graph, info
 
 
+def root_output_relations(module: HloModule, ranks: int) -> list[BlockRelation | None]:
+    """The relation of each (flattened) ENTRY output given by the ROOT's
+    `sharding=` annotation in a module with global shapes (before SPMD
+    partitioning); None for an output whose sharding is absent or not a set of
+    even blocks over ranks 0..ranks-1."""
+    root = module.entry.root
+    shapes = [leaf.dims for leaf in root.shape.leaves()]
+    text = root.attrs.get("sharding")
+    if text is None:
+        return [None] * len(shapes)
+    try:
+        sh = parse_sharding(text)
+    except ValueError as e:
+        raise InputError(f"{root.name}: {e}", module.file, root.line) from None
+    per = list(sh.elements) if sh.kind == "tuple" else [sh] * len(shapes)
+    if len(per) != len(shapes):
+        return [None] * len(shapes)
+    return [s.relation(shape, local=False, ranks=ranks) for s, shape in zip(per, shapes)]
+
+
 def load_hlo(path: str, ids: IdAllocator, name: str, **kw: Any) -> tuple[Graph, HloInfo, HloModule]:
     """Read, parse and translate one HLO text file."""
     try:
@@ -2061,4 +2098,5 @@ def load_hlo(path: str, ids: IdAllocator, name: str, **kw: Any) -> tuple[Graph, 
 
 __all__ = ["HloShape", "HloInstruction", "HloComputation", "HloModule", "HloSharding", "HloInfo",
            "HloParam", "parse_hlo_module", "hlo_to_graph", "load_hlo", "parse_replica_groups",
+           "root_output_relations",
            "parse_sharding", "parse_iota_list", "FLAT_AXIS"]

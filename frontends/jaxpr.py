@@ -221,6 +221,30 @@ def _split(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
     return outs
 
 
+@exporter("gather")
+def _gather(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
+    """XLA's gather (start indices clamped so every slice fits). mode=clip and
+    promise_in_bounds lower to exactly that; fill_or_drop (jnp.take's default)
+    masks out-of-range indices, which this IR op does not express."""
+    mode = str(eqn.params.get("mode"))
+    if "CLIP" not in mode and "PROMISE_IN_BOUNDS" not in mode:
+        raise UnknownOpError(f"gather with {mode}: only mode='clip' (or indexing that promises "
+                             f"in-bounds indices, x[i]) is supported", *_where(eqn))
+    dn = eqn.params["dimension_numbers"]
+    shape, dtype = _out(eqn)
+    idx_rank = len(eqn.invars[1].aval.shape)
+    return [ctx.b.op("gather", ins, shape, dtype, {
+        "offset_dims": tuple(int(d) for d in dn.offset_dims),
+        "collapsed_slice_dims": tuple(int(d) for d in dn.collapsed_slice_dims),
+        "start_index_map": tuple(int(d) for d in dn.start_index_map),
+        "operand_batching_dims": tuple(int(d) for d in dn.operand_batching_dims),
+        "start_indices_batching_dims": tuple(int(d) for d in dn.start_indices_batching_dims),
+        "index_vector_dim": idx_rank - 1,
+        "slice_sizes": tuple(int(d) for d in eqn.params["slice_sizes"]),
+        "indices_are_sorted": bool(eqn.params.get("indices_are_sorted", False))},
+        _loc(eqn), "gather")]
+
+
 @exporter("dot_general")
 def _dot(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
     (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]

@@ -168,6 +168,19 @@ def test_seq_only_slice_block_inside_and_outside():
     assert out.views(cols, xd) == []                        # 4 columns do not fit in 2
 
 
+def test_seq_only_slice_starting_one_past_the_block_is_not_a_wildcard():
+    # a block at offset 0 of x has offset 0 - 1 = -1 in a slice starting at 1: that
+    # is "outside", not the wildcard -1 ("any offset") of the offset lists
+    t = Tiny()
+    xs, xd = t.input((2, 3, 4))
+    q = t.dop("slice", [xd], (2, 1, 4), start_indices=(0, 0, 0), limit_indices=(2, 1, 4),
+              strides=None)
+    ks = t.sop("slice", [xs], (2, 1, 4), start_indices=(0, 1, 0), limit_indices=(2, 2, 4),
+               strides=None)
+    out = t.run()
+    assert out.views(ks, q) == []
+
+
 def test_matching_slices_on_both_sides():
     t = Tiny()
     xs, xd = t.input((8, 4), ("x", None))

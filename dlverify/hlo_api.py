@@ -1,0 +1,237 @@
+"""Library entry points for XLA HLO text: a pair of modules, or an XLA dump folder.
+
+`verify_hlo(seq, dist, spec)` builds the Problem with `dlverify.spec.hlo_problem`,
+relates the constants whose values both files elide (an assumption, listed),
+and runs `dlverify.api.verify_problem`. When an output has no expected
+relation (no `[outputs]` entry in the spec), it is inferred from the derived
+views (`dlverify.outputs.infer_output_relations`) and listed under assumptions.
+
+`verify_dump(dir)` pairs the modules of a folder written with `--xla_dump_to`:
+per module, the module before optimisations (global shapes: the sequential
+program) with the module after SPMD partitioning (dumped with
+`--xla_dump_hlo_pass_re=spmd-partitioning`), else after optimisations (the
+per-device program), and verifies each pair.
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dlverify.api import DEFAULT_WINDOW, verify_problem
+from dlverify.engine import EngineName
+from dlverify.errors import InputError
+from dlverify.ir import Graph, IdAllocator, Op
+from dlverify.problem import Problem
+from dlverify.relations import replicated
+from dlverify.spec import Spec, hlo_problem, load_spec
+from dlverify.verdict import Result
+
+
+def relate_elided_constants(problem: Problem) -> None:
+    """Constants whose values are elided (`{...}`) in both files, with the same
+    instruction name, shape and dtype, become one more input of each program,
+    related as replicas: an assumption, listed. Elided constants without such
+    a twin stay unknown values (no view: nothing is derived from them)."""
+    def elided(g: Graph) -> dict[tuple, list[Op]]:
+        out: dict[tuple, list[Op]] = {}
+        for op in g.ops:
+            if op.kind == "constant" and op.params.get("value") is None:
+                t = g.tensors[op.output]
+                out.setdefault((op.name, t.shape, t.dtype), []).append(op)
+        return out
+
+    seq_c, dist_c = elided(problem.seq), elided(problem.dist)
+    for key in sorted(set(seq_c) & set(dist_c), key=repr):
+        s_ops, d_ops = seq_c[key], dist_c[key]
+        if len(s_ops) != len(d_ops):
+            continue  # instances cannot be paired one to one: leave them unknown
+        name, shape, dtype = key
+        for s_op, d_op in zip(s_ops, d_ops):
+            for g, op in ((problem.seq, s_op), (problem.dist, d_op)):
+                g.ops.remove(op)
+                g.inputs.append(op.output)
+                g.input_names.append(f"%{name}")
+            problem.inputs.append(replicated(shape, problem.mesh.size))
+        times = f" ({len(s_ops)} instances, paired in program order)" if len(s_ops) > 1 else ""
+        problem.assumptions.append(f"constant %{name} elided in both files; assumed equal{times}")
+
+
+def verify_hlo(seq_path: str | Path, dist_path: str | Path, spec_path: str | Path | None = None,
+               ranks: int | None = None, engine: EngineName = "auto",
+               window: int = DEFAULT_WINDOW, custom_calls: str | Path | dict | None = None,
+               keep_facts: Path | None = None) -> Result:
+    """Prove that the distributed (SPMD, per-rank) HLO module computes what the
+    sequential one computes. `spec_path`: the relation spec TOML (see
+    dlverify/spec.py); `ranks` overrides its rank count; `custom_calls`: a
+    custom-call registry file merged over the built-in one (or a loaded registry)."""
+    t0 = time.perf_counter()
+    spec = load_spec(spec_path) if spec_path is not None else None
+    problem = hlo_problem(seq_path, dist_path, spec, ranks, IdAllocator(),
+                          custom_calls=_registry(custom_calls))
+    relate_elided_constants(problem)
+    return verify_problem(problem, engine=engine, window=window, keep_facts=keep_facts,
+                          timings={"parse": time.perf_counter() - t0})
+
+
+def _registry(custom_calls: str | Path | dict | None) -> dict | None:
+    if custom_calls is None or isinstance(custom_calls, dict):
+        return custom_calls
+    from dlverify.frontends.custom_calls import load_registry
+    return load_registry(custom_calls)
+
+
+# ---------------------------------------------------------------------------
+# XLA dump folders
+
+_MODULE = re.compile(r"^(module_\d+\.[^.]+(?:\.[^.]+)*?)\.(.+)\.txt$")
+_AFTER_SPMD = re.compile(r"(^|\.)after_spmd-partitioning(\.|$)")
+_AFTER_OPT = re.compile(r"(^|_)after_optimizations$")
+
+
+@dataclass
+class DumpModule:
+    """The files of one module of an XLA dump folder."""
+
+    name: str                       # e.g. "module_0014.jit_model"
+    before: Path                    # before optimisations: global shapes
+    after: Path | None              # after SPMD partitioning, else after optimisations
+    stage: str                      # "after SPMD partitioning" | "after optimizations"
+
+
+def dump_modules(dump_dir: str | Path) -> list[DumpModule]:
+    """Pair the files of an `--xla_dump_to` folder by module. Modules without a
+    per-device module (never partitioned) have `after` None."""
+    d = Path(dump_dir)
+    if not d.is_dir():
+        raise InputError("not a directory (expected an XLA dump folder written with "
+                         "--xla_dump_to)", str(d))
+    stages: dict[str, dict[str, Path]] = {}
+    for f in sorted(d.iterdir()):
+        m = _MODULE.match(f.name)
+        if m is None:
+            continue
+        name, stage = m.group(1), m.group(2)
+        if stage == "before_optimizations":
+            stages.setdefault(name, {})["before"] = f
+            continue
+        # pass dumps are "<name>.<NNNN>.<pipeline>.after_<pass>.before_<next>"
+        pm = re.match(r"(.*?)\.(\d{4})\.(.+)$", f"{name}.{stage}")
+        if pm is not None and _AFTER_SPMD.search(pm.group(3)):
+            stages.setdefault(pm.group(1), {})["spmd"] = f
+        elif _AFTER_OPT.search(stage):
+            stages.setdefault(name, {})["opt"] = f
+    out = []
+    for name, st in sorted(stages.items()):
+        if "before" not in st:
+            continue
+        after = st.get("spmd") or st.get("opt")
+        stage = "after SPMD partitioning" if "spmd" in st else "after optimizations"
+        out.append(DumpModule(name, st["before"], after, stage))
+    if not out:
+        raise InputError("no module dumped before optimisations (files "
+                         "module_*.before_optimizations.txt) in this folder", str(d))
+    return out
+
+
+def verify_dump(dump_dir: str | Path, engine: EngineName = "auto", window: int = DEFAULT_WINDOW,
+                custom_calls: str | Path | dict | None = None) -> list[tuple[str, Result]]:
+    """One verdict per SPMD-partitioned module of an XLA dump folder: the module
+    before optimisations (the sequential program, global shapes) against the
+    module after SPMD partitioning (dump with
+    `--xla_dump_hlo_pass_re=spmd-partitioning`), else after optimisations.
+    Input relations come from the partitioned module's parameter shardings,
+    expected output relations from the root sharding before optimisations
+    (inferred from the views where there is none). Modules that were not
+    partitioned (one device) are left out."""
+    from dlverify.frontends.hlo_text import parse_hlo_module, root_output_relations
+
+    registry = _registry(custom_calls)
+    results = []
+    for mod in dump_modules(dump_dir):
+        if mod.after is None:
+            continue
+        t0 = time.perf_counter()
+        head = mod.after.read_text(encoding="utf-8", errors="replace").split("\n", 1)[0]
+        parts = re.search(r"num_partitions=(\d+)", head)
+        replicas = re.search(r"replica_count=(\d+)", head)
+        n = (int(parts.group(1)) if parts else 1) * (int(replicas.group(1)) if replicas else 1)
+        if n <= 1:
+            continue
+        problem = hlo_problem(mod.before, mod.after, None, None, IdAllocator(),
+                              custom_calls=registry)
+        problem.name = f"{mod.name} (before optimizations vs {mod.stage})"
+        seq_mod = parse_hlo_module(mod.before.read_text(encoding="utf-8"), str(mod.before))
+        outs = root_output_relations(seq_mod, n)
+        if len(outs) == len(problem.outputs):
+            for i, rel in enumerate(outs):
+                d_shape = problem.dist.tensors[problem.dist.outputs[i]].shape
+                if rel is not None and rel.dist_shape == d_shape:
+                    problem.outputs[i] = rel
+        relate_elided_constants(problem)
+        res = verify_problem(problem, engine=engine, window=window,
+                             timings={"parse": time.perf_counter() - t0})
+        results.append((mod.name, res))
+    if not results:
+        raise InputError("no SPMD-partitioned module in this folder (dump a program jitted "
+                         "with shardings over several devices)", str(dump_dir))
+    return results
+
+
+# ---------------------------------------------------------------------------
+# Text for the `check` and `check-dump` commands (on top of dlverify/report.py)
+
+def _short(path: str) -> str:
+    return path.rsplit("/", 1)[-1]
+
+
+def source_chain(frames: tuple) -> str:
+    """`instruction (file:line); source: innermost <- ... <- outermost` for a
+    failure located by `instruction_frames` (frames[0] is the HLO instruction)."""
+    if not frames:
+        return ""
+    head, rest = frames[0], frames[1:]
+    text = f"instruction %{head.function} ({_short(head.file)}:{head.line})" if head.function \
+        else f"{_short(head.file)}:{head.line}"
+    if rest:
+        text += "; source: " + " <- ".join(
+            f"{_short(f.file)}:{f.line}" + (f" ({f.function})" if f.function else "") for f in rest)
+    return text
+
+
+def result_lines(name: str, res: Result, seconds: float, verbose: bool = False) -> list[str]:
+    """The verdict of one HLO pair: the reconstructions (report.result_text), or
+    each failure (report.failure_line) followed by its instruction and source
+    chain (for the Neuron files, the Python stack of the metadata); then the
+    assumptions the verdict rests on, always."""
+    from dlverify.report import failure_line, result_text
+
+    lines = [f"{'verified' if res.verified else 'NOT verified':<13} {name}  {seconds:.2f}s"]
+    if res.verified:
+        lines += result_text(res, verbose=False)
+    else:
+        shown = res.failures if verbose else res.failures[:3]
+        for f in shown:
+            lines.append(f"  {failure_line(f)}")
+            chain = source_chain(f.frames)
+            if chain:
+                lines.append(f"      at {chain}")
+        if len(res.failures) > len(shown):
+            lines.append(f"  ... and {len(res.failures) - len(shown)} more (--verbose)")
+    lines += [f"  assumption: {a}" for a in res.assumptions]
+    if verbose:
+        lines += [f"  note: {n}" for n in res.notes]
+        lines.append("  time: " + ", ".join(f"{k} {v:.2f}s" for k, v in res.timings.items())
+                     + f"; {res.fact_count} facts, {res.derived_count} derived, engine {res.engine}")
+    return lines
+
+
+def results_json(items: list[tuple[str, str, Result, float]]) -> str:
+    """Versioned JSON (report.outcomes_json): one case per (name, file, result, seconds)."""
+    from dlverify.cases import CaseOutcome
+    from dlverify.report import outcomes_json
+
+    return outcomes_json([CaseOutcome(name, file, "verified", res, seconds=secs)
+                          for name, file, res, secs in items])

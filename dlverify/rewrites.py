@@ -1,0 +1,200 @@
+"""Exact IR rewrites run on both graphs before export.
+
+Each rewrite replaces ops by ops that compute the same value for every input
+(an identity of real arithmetic and data movement, not an approximation or an
+assumption), so that the rules, which relate one op to one op, meet the
+pieces of a value that one side builds whole:
+
+* dot through concatenate: when an operand of a dot_general is a
+  concatenate along one of that operand's free dims (neither contracted nor
+  batch),
+
+      dot(x, concat(a, b, c; k)) = concat(dot(x, a), dot(x, b), dot(x, c); j)
+
+  with j the output dim of operand dim k (the same on the lhs side). This is
+  how a fused QKV weight meets its segments: `dlverify.spec.hlo_problem`
+  represents a segmented parameter as a concatenate of per-segment inputs on
+  both sides, and the distributed product then holds its Q, K and V parts
+  side by side without being one block of the sequential product.
+
+* slice of concatenate: a unit-stride slice of a concatenate along dim k is
+  the concatenate of the slices of the operands it overlaps, each sliced to
+  the overlap (an operand covered whole and not cut in any other dim is used
+  as it is; one operand alone needs no concatenate):
+
+      slice(concat(a, b, c; k), [off_b : off_c) in k) = b
+
+Ops that a rewrite leaves without consumers (the replaced concatenate, a
+product whose slices now read the pieces) are removed; ops that had no
+consumers before are kept as they were.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+from dlverify.ir import Graph, IdAllocator, Op, Tensor
+from dlverify.problem import Problem
+
+
+class _Rewriter:
+    def __init__(self, graph: Graph, ids: IdAllocator) -> None:
+        self.g = graph
+        self.ids = ids
+        self.out: list[Op] = []
+        self.producer: dict[int, Op] = {}
+        self.alias: dict[int, int] = {}   # tensor -> the tensor now holding its value
+
+    def new_op(self, kind: str, inputs: list[int], shape: tuple[int, ...], dtype: str,
+               params: dict, like: Op, output: int | None = None) -> int:
+        if output is None:
+            output = self.ids()
+            self.g.tensors[output] = Tensor(output, tuple(shape), dtype, like.name)
+        op = Op(self.ids(), kind, list(inputs), output, dict(params), like.loc, like.name)
+        self.out.append(op)
+        self.producer[output] = op
+        return output
+
+    def shape(self, t: int) -> tuple[int, ...]:
+        return self.g.tensors[t].shape
+
+    # ------------------------------------------------------------------ dot
+    def dot(self, op: Op) -> bool:
+        p = op.params
+        lhs, rhs = op.inputs
+        for side, t in ((1, rhs), (0, lhs)):
+            cat = self.producer.get(t)
+            if cat is None or cat.kind != "concatenate" or len(cat.inputs) < 2:
+                continue
+            k = cat.params["dimension"]
+            contract = p["rhs_contract"] if side else p["lhs_contract"]
+            batch = p["rhs_batch"] if side else p["lhs_batch"]
+            if k in contract or k in batch:
+                continue
+            j = _dot_out_dim(p, len(self.shape(lhs)), len(self.shape(rhs)), side, k)
+            out_shape = self.shape(op.output)
+            dtype = self.g.tensors[op.output].dtype
+            pieces = []
+            for piece in cat.inputs:
+                ins = [lhs, piece] if side else [piece, rhs]
+                sh = out_shape[:j] + (self.shape(piece)[k],) + out_shape[j + 1:]
+                pieces.append(self.new_op("dot_general", ins, sh, dtype, p, op))
+            self.new_op("concatenate", pieces, out_shape, dtype, {"dimension": j}, op,
+                        output=op.output)
+            return True
+        return False
+
+    # ------------------------------------------------------------------ slice
+    def slice(self, op: Op) -> bool:
+        p = op.params
+        if p.get("strides") and any(s != 1 for s in p["strides"]):
+            return False
+        cat = self.producer.get(op.inputs[0])
+        if cat is None or cat.kind != "concatenate":
+            return False
+        k = cat.params["dimension"]
+        starts, limits = list(p["start_indices"]), list(p["limit_indices"])
+        lo, hi = starts[k], limits[k]
+        if lo >= hi:
+            return False
+        dtype = self.g.tensors[op.output].dtype
+        pieces = []
+        off = 0
+        for t in cat.inputs:
+            size = self.shape(t)[k]
+            a, b = max(lo, off), min(hi, off + size)
+            if a < b:
+                st = starts[:k] + [a - off] + starts[k + 1:]
+                li = limits[:k] + [b - off] + limits[k + 1:]
+                full = all(s == 0 for s in st) and tuple(li) == self.shape(t)
+                if full:
+                    pieces.append(t)
+                else:
+                    sh = tuple(e - s for s, e in zip(st, li))
+                    pieces.append(self.new_op("slice", [t], sh, dtype,
+                                              {"start_indices": tuple(st), "limit_indices": tuple(li),
+                                               "strides": None}, op))
+            off += size
+        if len(pieces) == 1 and pieces[0] in cat.inputs:
+            self.alias[op.output] = pieces[0]
+        elif len(pieces) == 1:
+            # the one piece is a fresh slice: let it produce the original output
+            new = self.out.pop()
+            del self.g.tensors[new.output]
+            del self.producer[new.output]
+            new.output = op.output
+            self.out.append(new)
+            self.producer[op.output] = new
+        else:
+            self.new_op("concatenate", pieces, self.shape(op.output), dtype, {"dimension": k}, op,
+                        output=op.output)
+        return True
+
+    # ------------------------------------------------------------------ driver
+    def run(self) -> bool:
+        g = self.g
+        uses = _uses(g)
+        unused_before = {t for t in g.tensors if uses[t] == 0}
+        changed = False
+        for op in g.ops:
+            op.inputs = [self.alias.get(i, i) for i in op.inputs]
+            if op.kind == "dot_general" and len(op.inputs) == 2 and self.dot(op):
+                changed = True
+                continue
+            if op.kind == "slice" and self.slice(op):
+                changed = True
+                continue
+            self.out.append(op)
+            self.producer[op.output] = op
+        if not changed:
+            return False
+        g.outputs = [self.alias.get(t, t) for t in g.outputs]
+        g.ops = self.out
+        _drop_newly_dead(g, unused_before)
+        return True
+
+
+def _dot_out_dim(p: dict, lhs_rank: int, rhs_rank: int, side: int, k: int) -> int:
+    """Output position of free dim k of operand `side` (0 lhs, 1 rhs): batch dims
+    first, then the lhs free dims, then the rhs free dims, each in order."""
+    j = len(p["lhs_batch"])
+    lhs_free = [i for i in range(lhs_rank) if i not in p["lhs_contract"] and i not in p["lhs_batch"]]
+    if side == 0:
+        return j + lhs_free.index(k)
+    rhs_free = [i for i in range(rhs_rank) if i not in p["rhs_contract"] and i not in p["rhs_batch"]]
+    return j + len(lhs_free) + rhs_free.index(k)
+
+
+def _uses(g: Graph) -> Counter:
+    c: Counter = Counter()
+    for op in g.ops:
+        c.update(op.inputs)
+    c.update(g.outputs)
+    return c
+
+
+def _drop_newly_dead(g: Graph, unused_before: set[int]) -> None:
+    """Remove ops whose output is used no more, except those already unused before
+    the rewrite (a rewrite never removes what the program itself left dead)."""
+    while True:
+        now = _uses(g)
+        dead = {op.id for op in g.ops if now[op.output] == 0 and op.output not in unused_before}
+        if not dead:
+            break
+        g.ops = [op for op in g.ops if op.id not in dead]
+    produced = set(g.inputs) | {op.output for op in g.ops}
+    for t in [t for t in g.tensors if t not in produced]:
+        del g.tensors[t]
+
+
+def rewrite_graph(graph: Graph, ids: IdAllocator) -> bool:
+    """Apply the rewrites until none applies. Returns whether anything changed."""
+    changed = False
+    while _Rewriter(graph, ids).run():
+        changed = True
+    return changed
+
+
+def rewrite(problem: Problem) -> None:
+    """Rewrite both graphs of `problem` in place."""
+    rewrite_graph(problem.seq, problem.ids)
+    rewrite_graph(problem.dist, problem.ids)
