@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import typer
 
@@ -53,28 +54,40 @@ def check_jax(
     timeout: Optional[float] = typer.Option(None, "--timeout", help="seconds for the whole run (exit 3 when exceeded)"),
 ) -> None:
     """Verify the @dlverify.case functions of a Python file."""
-    if engine not in ("auto", "clingo", "souffle"):
-        _fail_input(InputError(f"unknown engine {engine!r}: use auto, clingo or souffle"))
+    _engine_ok(engine)
     ensure_host_devices()
-    from dlverify.cases import load_cases, run_case, split_target
-    from dlverify.limits import OutOfTime, time_limit
     from dlverify.artifacts import case_extras, write_outputs
+    from dlverify.cases import load_cases, run_case, split_target
     from dlverify.report import outcome_text, outcomes_json
 
     path, name = split_target(target)
     outcomes = []
+    with _guarded(timeout):
+        cases = load_cases(path, name)
+        for case_name, fn in cases:
+            o = run_case(path, case_name, fn, engine, keep_facts)
+            one_graph = graph if graph is None or len(cases) == 1 \
+                else graph.with_name(f"{graph.stem}.{case_name}{graph.suffix}")
+            extra = case_extras(o, explain=explain, witness=witness, graph=one_graph)
+            outcomes.append(o)
+            if not json_out:
+                for line in outcome_text(o, verbose) + extra:
+                    typer.echo(line)
+    if json_out:
+        typer.echo(outcomes_json(outcomes))
+    for note in write_outputs(outcomes, sarif=sarif, junit=junit):
+        typer.echo(note, err=True)
+    raise typer.Exit(EXIT_OK if all(o.matches for o in outcomes) else EXIT_MISMATCH)
+
+
+@contextmanager
+def _guarded(timeout: Optional[float]) -> Iterator[None]:
+    """Run the body under the time limit; bad input exits 2, time or memory 3."""
+    from dlverify.limits import OutOfTime, time_limit
+
     try:
         with time_limit(timeout):
-            cases = load_cases(path, name)
-            for case_name, fn in cases:
-                o = run_case(path, case_name, fn, engine, keep_facts)
-                extra = case_extras(o, explain=explain, witness=witness,
-                                    graph=graph if len(cases) == 1 or graph is None
-                                    else graph.with_name(f"{graph.stem}.{case_name}{graph.suffix}"))
-                outcomes.append(o)
-                if not json_out:
-                    for line in outcome_text(o, verbose) + extra:
-                        typer.echo(line)
+            yield
     except InputError as e:
         _fail_input(e)
     except OutOfTime as e:
@@ -83,11 +96,6 @@ def check_jax(
     except MemoryError:
         typer.echo("error: out of memory", err=True)
         raise typer.Exit(EXIT_RESOURCES)
-    if json_out:
-        typer.echo(outcomes_json(outcomes))
-    for note in write_outputs(outcomes, sarif=sarif, junit=junit):
-        typer.echo(note, err=True)
-    raise typer.Exit(EXIT_OK if all(o.matches for o in outcomes) else EXIT_MISMATCH)
 
 
 def _engine_ok(engine: str) -> None:
@@ -98,19 +106,9 @@ def _engine_ok(engine: str) -> None:
 def _run_hlo(job, json_out: bool, verbose: bool, timeout: Optional[float]) -> None:
     """Run `job()` -> [(name, file, Result, seconds)], print, exit 0/1 (2, 3 on errors)."""
     from dlverify.hlo_api import result_lines, results_json
-    from dlverify.limits import OutOfTime, time_limit
 
-    try:
-        with time_limit(timeout):
-            items = job()
-    except InputError as e:
-        _fail_input(e)
-    except OutOfTime as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(EXIT_RESOURCES)
-    except MemoryError:
-        typer.echo("error: out of memory", err=True)
-        raise typer.Exit(EXIT_RESOURCES)
+    with _guarded(timeout):
+        items = job()
     if json_out:
         typer.echo(results_json(items))
     else:
