@@ -76,7 +76,7 @@ def entangle_qkv_slice_offset():
 def attention_local_bug(x, w_qkv, w_o):
     """Entangle broken graph: the keys are read at the queries' offset of the fused output."""
     qkv = jnp.einsum("bsd,dkhe->bskhe", x, w_qkv)
-    scores = jnp.einsum("bqhe,bkhe->bhqk", qkv[:, :, 0], qkv[:, :, 0]) * SCALE  # BUG: keys sliced from the fused QKV output at the queries' offset
+    scores = jnp.einsum("bqhe,bkhe->bhqk", qkv[:, :, 0], qkv[:, :, 0]) * SCALE  # BUG: keys read at the queries' offset
     probs = jax.nn.softmax(scores, axis=-1)
     o = jnp.einsum("bhqk,bkhe->bqhe", probs, qkv[:, :, 2])
     return jax.lax.psum(jnp.einsum("bqhe,hed->bqd", o, w_o), "tp")

@@ -80,7 +80,7 @@ def rmsnorm_backward_local_bug(x, gamma, dy):
     """Megatron-LM #1446: dgamma stays a sum over this rank's tokens only."""
     x_hat, vjp = jax.vjp(normalize, x)
     (dx,) = vjp(dy * gamma)
-    dgamma = jnp.sum(dy * x_hat, axis=(0, 1))  # BUG: partial sum over this rank's sequence shard, never all-reduced over 'tp'
+    dgamma = jnp.sum(dy * x_hat, axis=(0, 1))  # BUG: this rank's tokens only, not all-reduced
     return dx, dgamma
 
 

@@ -86,7 +86,7 @@ def train_step_local_bug(x, y, w1, w2):
         return CP * jnp.sum(token_losses(x, y, w1, w2)) / SEQ
     loss, grads = jax.value_and_grad(loss_fn, argnums=(0, 1))(w1, w2)
     loss = jax.lax.psum(loss, ("dp", "cp")) / (DP * CP)
-    g1, g2 = (jax.lax.psum(g, ("dp", "cp")) / DP for g in grads)  # BUG: averaged over the data-parallel size without CP, but the loss was scaled by cp_size
+    g1, g2 = (jax.lax.psum(g, ("dp", "cp")) / DP for g in grads)  # BUG: / dp_size, loss scaled by cp_size
     return loss, g1, g2
 
 

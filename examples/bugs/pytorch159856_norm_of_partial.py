@@ -59,7 +59,7 @@ def pytorch159856_norm_of_partial():
 def l2_head_local_bug(h, w):
     """pytorch PR #159856: the norm of each rank's partial sum, summed over ranks."""
     y = h @ w                                              # partial sum on this rank
-    norm = jax.lax.psum(jnp.linalg.norm(y, axis=-1, keepdims=True), "tp")  # BUG: norm of a partial tensor per rank, then summed
+    norm = jax.lax.psum(jnp.linalg.norm(y, axis=-1, keepdims=True), "tp")  # BUG: norm of a partial sum, per rank
     return jax.lax.psum(y, "tp") / norm
 
 

@@ -59,7 +59,7 @@ def pytorch163193_scalar_on_partial():
 
 def modulate_local_bug(x, c, w_mod):
     """pytorch #163193: the scalar is added to every rank's partial sum."""
-    scale = jax.lax.psum(1.0 + c @ w_mod, "tp")  # BUG: scalar added to each rank's partial sum (tp times after the psum)
+    scale = jax.lax.psum(1.0 + c @ w_mod, "tp")  # BUG: 1.0 added on every rank
     return x * scale
 
 

@@ -65,7 +65,7 @@ def pytorch179502_view_moves_shard():
 def tokens_local_bug(x, w):
     """pytorch #179502 / transformers-neuronx #109: the view keeps the local
     rows, which are not this rank's block of the flattened tokens."""
-    return x.reshape(BATCH * SEQ // SP, D) @ w  # BUG: view of a sequence-sharded tensor moves the shard to the flattened dim without redistribution
+    return x.reshape(BATCH * SEQ // SP, D) @ w  # BUG: view moves the sharded dim
 
 
 @dlverify.case

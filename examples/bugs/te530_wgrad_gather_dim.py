@@ -71,7 +71,7 @@ def linear_fwd_wgrad_local_bug(x, w, dy):
     viewed as the last-dim gather."""
     y = jax.lax.all_gather(x, "tp", axis=0, tiled=True) @ w
     x_t = x.T
-    x_t_full = jax.lax.all_gather(x_t, "tp", axis=0, tiled=True).reshape(D, TOKENS)  # BUG: gathered along dim 0 (all_gather_into_tensor), not the last dim
+    x_t_full = jax.lax.all_gather(x_t, "tp", axis=0, tiled=True).reshape(D, TOKENS)  # BUG: gathered along dim 0
     return y, x_t_full @ dy
 
 

@@ -82,7 +82,7 @@ def rope_local_bug(x):
     out = []
     for m in range(MICRO):
         xm = x[:, m * MB_LEN:(m + 1) * MB_LEN]
-        out.append(rope(xm, jnp.arange(MB_LEN) + start))  # BUG: positions not offset by the micro-batch start m * MB_LEN
+        out.append(rope(xm, jnp.arange(MB_LEN) + start))  # BUG: no micro-batch offset m * MB_LEN
     return jnp.concatenate(out, axis=1)
 
 

@@ -25,6 +25,14 @@ Formulation choices (kept identical on both sides so ops pair up):
   nothing; this *is* Megatron's "mask the out-of-range ids, look up, zero the
   masked rows" without the gather (jnp.take) and the two selects.
 - the target log-prob as `sum(one_hot(labels) * logp)` (again no gather).
+- position embeddings as `one_hot(positions, seq) @ wpe`, like HF's
+  `wpe(position_ids)`; under SP a rank's positions are arange(S/tp) offset by
+  its shard's start. (Config pos_embed="slice" reads them with a dynamic_slice
+  instead: same values, but its gradient, a dynamic_update_slice, has no rule
+  yet.)
+- q, k, v cut from the fused projection with jnp.split, whose gradient is a
+  concatenate. (Config qkv_split="index" indexes qkv[..., j, :] instead: same
+  values, but its gradient is a pad, which has no rule yet.)
 - the max subtracted for a stable softmax goes through stop_gradient (as in
   jax.nn.log_softmax and as in Megatron, whose max is outside autograd).
 - Python loops over layers (no lax.scan).
@@ -33,6 +41,10 @@ Training cases differentiate the loss with `jax.value_and_grad` inside the
 shard_map (check_vma=True): JAX then inserts the all-reduce of the gradients of
 replicated parameters (LayerNorm weights, row-parallel biases, position
 embeddings) itself, as the transpose of the implicit `pvary`.
+
+Sizes: SMALL has 8 heads so that every rank holds at least 2 at TP=4 (with
+one head per rank the local reshape (B,S,3*Dh)->(B,S,1,3,Dh) does not pair
+with the sequential one yet; see tests/test_models.py).
 """
 from __future__ import annotations
 
