@@ -52,12 +52,15 @@ def load_cases(path: Path, name: str | None = None) -> list[tuple[str, Callable[
     if spec is None or spec.loader is None:
         raise InputError("not a Python file", str(path))
     module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module  # dataclasses and pickling look the module up by name
     sys.path.insert(0, str(path.resolve().parent))
     try:
         spec.loader.exec_module(module)
     except SyntaxError as e:
+        sys.modules.pop(mod_name, None)
         raise InputError(f"syntax error: {e.msg}", str(path), e.lineno or 0) from None
     except Exception as e:  # the user's module failed at import time
+        sys.modules.pop(mod_name, None)
         line = _user_line(e, path)
         raise InputError(f"importing failed: {type(e).__name__}: {e}", str(path), line) from None
     finally:

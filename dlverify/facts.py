@@ -27,13 +27,6 @@ _REDUCE_KIND = {"reduce_sum": S.REDUCER_SUM, "reduce_max": S.REDUCER_MAX, "reduc
 _INT32 = 2 ** 31
 
 
-def _is_float(dtype: str) -> bool:
-    try:
-        return bool(np.issubdtype(np.dtype(dtype), np.inexact))
-    except TypeError:
-        return dtype in ("bfloat16", "float8_e4m3fn", "float8_e5m2")
-
-
 def prime_exponents(x: Fraction) -> tuple[int, int, int, int] | None:
     """x as 2^a 3^b 5^c 7^d, or None when x is not positive or has other factors."""
     if x <= 0:
@@ -204,7 +197,7 @@ class Exporter:
             self.add(S.ELEM_ADDSUB, op.id, 1 if k == "add" else -1)
         elif k == "mul":
             self.add(S.ELEM_MUL, op.id)
-        elif k == "div" and _is_float(g.tensors[op.output].dtype):
+        elif k == "div" and ir.is_float_dtype(g.tensors[op.output].dtype):
             self.add(S.ELEM_DIV, op.id)
         elif k == "div" or k in ir.ELEMENTWISE_NONLINEAR_BINARY or k in ir.ELEMENTWISE_NARY:
             # Integer division truncates: not linear, so it only matches itself.

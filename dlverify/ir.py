@@ -120,6 +120,12 @@ class Graph:
         return {op.output: op for op in self.ops}
 
 
+def is_float_dtype(dtype: object) -> bool:
+    """Floating (or complex) element type, by name: covers bfloat16 and the float8
+    types, which numpy does not count as np.floating."""
+    return str(dtype).startswith(("float", "bfloat", "complex"))
+
+
 class IdAllocator:
     """Hands out the global integer ids of tensors and ops. Sequential and
     distributed graphs share one allocator so their ids never collide."""

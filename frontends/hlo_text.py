@@ -32,7 +32,7 @@ from typing import Any, Callable
 import numpy as np
 
 from dlverify.errors import InputError, UnknownOpError
-from dlverify.ir import Frame, Graph, GraphBuilder, IdAllocator, SourceLoc
+from dlverify.ir import Frame, Graph, GraphBuilder, IdAllocator, SourceLoc, is_float_dtype
 from dlverify.relations import BlockRelation
 
 FLAT_AXIS = "_flat"
@@ -52,8 +52,7 @@ _DTYPES = {
 }
 
 
-def _is_float(dtype: str) -> bool:
-    return dtype.startswith(("float", "bfloat", "complex"))
+_is_float = is_float_dtype
 
 
 def _np_dtype(dtype: str) -> Any:

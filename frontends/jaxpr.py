@@ -14,7 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from dlverify.errors import InputError, UnknownOpError
-from dlverify.ir import Frame, Graph, GraphBuilder, IdAllocator, Mesh, SourceLoc
+from dlverify.ir import Frame, Graph, GraphBuilder, IdAllocator, Mesh, SourceLoc, is_float_dtype
 from dlverify.problem import Problem
 from dlverify.relations import spec_relation
 
@@ -43,7 +43,7 @@ def _dtype(aval: Any) -> str:
 
 
 def _is_float(dtype: Any) -> bool:
-    return np.issubdtype(np.dtype(dtype), np.floating) or np.issubdtype(np.dtype(dtype), np.complexfloating)
+    return is_float_dtype(np.dtype(dtype).name)
 
 
 @dataclass
