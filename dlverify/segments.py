@@ -93,6 +93,17 @@ def _last_use(g: Graph) -> dict[int, int]:
     return last
 
 
+def _aligned(matched: list[int], p: int, span: int) -> int:
+    """The sequential position that corresponds to distributed position p: the
+    median of the matches of the last `span` distributed ops before p (a median,
+    because a few ops relate to far-away positions: tables computed once, outputs)."""
+    recent = sorted(m for m in matched[max(0, p - span):p + 1] if m >= 0)
+    if not recent:
+        earlier = [m for m in matched[:p + 1] if m >= 0]
+        return max(earlier, default=-1)
+    return recent[len(recent) // 2]
+
+
 def _first_ready(ops: list, start: int, stop: int, has: set[int]) -> int:
     """Position of the first op in [start, stop) whose operands are all related but
     whose output is not; `stop` when there is none."""
@@ -112,6 +123,10 @@ def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: E
     # after the window's start (or are outputs): dead views are not seeded, which
     # keeps the seeds of a window proportional to the window, not to the graph.
     last_s, last_d = _last_use(problem.seq), _last_use(problem.dist)
+    consumers_s: dict[int, list[int]] = defaultdict(list)
+    for i, op in enumerate(seq_ops):
+        for t in op.inputs:
+            consumers_s[t].append(i)
     outputs = set(problem.seq.outputs) | set(problem.dist.outputs)
 
     known: set[ViewRow] = set()
@@ -133,7 +148,7 @@ def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: E
         o = tuple(offs[sid][i] for i in range(len(offs[sid])))
         learn((s, d, r, _offsets_record(o), None if red < 0 else (red, op, ax, lo, hi), tuple(e)))
 
-    # matched[p] = the furthest sequential position related to a distributed op at position <= p
+    # matched[p] = the furthest sequential position related to the distributed op at p (-1: none)
     matched = [-1] * max(1, len(dist_ops))
     seq_per_dist = max(1.0, len(seq_ops) / max(1, len(dist_ops)))
     seq_width = int(window * seq_per_dist * 1.5) + 1
@@ -158,9 +173,20 @@ def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: E
         # meets again; reaching back is capped so a stuck op cannot make windows grow.
         ready_d = _first_ready(dist_ops, max(0, a - reach), a, has_d)
         d_lo, d_hi = max(0, min(ready_d, a) - back), min(len(dist_ops), a + window)
-        best = matched[min(d_lo, len(matched) - 1)]
+        best = _aligned(matched, d_lo, window)
         ready_s = _first_ready(seq_ops, max(0, best - reach), max(best, 0), has_s)
-        s_lo = max(0, min(ready_s, best) - back)
+        # The partners of the first ready distributed op read the sequential
+        # tensors its operands are related to: start the sequential window there
+        # too (its partner may already be related to something else).
+        anchor = best
+        if ready_d < len(dist_ops):
+            floor = max(0, best - reach)
+            for t in dist_ops[ready_d].inputs:
+                for row in by_dist.get(t, ()):
+                    for q in consumers_s.get(row[0], ()):
+                        if floor <= q < anchor:
+                            anchor = q
+        s_lo = max(0, min(ready_s, best, anchor) - back)
         s_hi = min(len(seq_ops), max(best, 0) + seq_width)
         if a + window >= len(dist_ops):
             s_hi = len(seq_ops)  # the last window takes the rest of the sequential program
@@ -212,10 +238,6 @@ def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: E
         ok.update(tuple(r) for r in res.relations[S.OUTPUT_OK.name])
         seq_front.update(r[0] for r in res.relations[S.SEQ_FRONTIER.name])
         dist_front.update(tuple(r) for r in res.relations[S.DIST_FRONTIER.name])
-        # prefix maximum, so `matched[p]` covers every position up to p
-        for i in range(1, len(matched)):
-            if matched[i] < matched[i - 1]:
-                matched[i] = matched[i - 1]
         if d_hi >= len(dist_ops) and s_hi >= len(seq_ops):
             break
         a += window
