@@ -103,18 +103,29 @@ def _engine_ok(engine: str) -> None:
         _fail_input(InputError(f"unknown engine {engine!r}: use auto, clingo or souffle"))
 
 
-def _run_hlo(job, json_out: bool, verbose: bool, timeout: Optional[float]) -> None:
+def _run_hlo(job, json_out: bool, verbose: bool, timeout: Optional[float],
+             explain: Optional[str] = None, witness: bool = False, graph: Optional[Path] = None,
+             sarif: Optional[Path] = None, junit: Optional[Path] = None) -> None:
     """Run `job()` -> [(name, file, Result, seconds)], print, exit 0/1 (2, 3 on errors)."""
+    from dlverify.artifacts import case_extras, write_outputs
+    from dlverify.cases import CaseOutcome
     from dlverify.hlo_api import result_lines, results_json
 
     with _guarded(timeout):
         items = job()
+        outcomes = [CaseOutcome(name, file, "verified", res, seconds=secs)
+                    for name, file, res, secs in items]
+        for o, (name, _file, res, secs) in zip(outcomes, items):
+            one_graph = graph if graph is None or len(items) == 1 \
+                else graph.with_name(f"{graph.stem}.{len(outcomes)}{graph.suffix}")
+            extra = case_extras(o, explain=explain, witness=witness, graph=one_graph)
+            if not json_out:
+                for line in result_lines(name, res, secs, verbose) + extra:
+                    typer.echo(line)
     if json_out:
         typer.echo(results_json(items))
-    else:
-        for name, _file, res, secs in items:
-            for line in result_lines(name, res, secs, verbose):
-                typer.echo(line)
+    for note in write_outputs(outcomes, sarif=sarif, junit=junit):
+        typer.echo(note, err=True)
     raise typer.Exit(EXIT_OK if all(res.verified for _, _, res, _ in items) else EXIT_MISMATCH)
 
 
@@ -128,6 +139,11 @@ def check_hlo(
     json_out: bool = typer.Option(False, "--json", help="print the versioned JSON report"),
     engine: str = typer.Option("auto", help="auto | clingo | souffle"),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="all failures, notes, timings"),
+    explain: Optional[str] = typer.Option(None, "--explain", help="derivation of OUTPUT (e.g. out0 or out0@1 for rank 1)"),
+    witness: bool = typer.Option(False, "--witness", help="run both modules on random inputs (IR interpreter) and report the differences"),
+    graph: Optional[Path] = typer.Option(None, "--graph", help="write the failing subgraph (.dot, or .svg with Graphviz)"),
+    sarif: Optional[Path] = typer.Option(None, "--sarif", help="write a SARIF 2.1.0 log of the failures"),
+    junit: Optional[Path] = typer.Option(None, "--junit", help="write JUnit XML, one testcase per module pair"),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="seconds for the whole run (exit 3 when exceeded)"),
 ) -> None:
     """Verify a distributed HLO module against a sequential one."""
@@ -143,7 +159,7 @@ def check_hlo(
         res = verify_hlo(seq, dist, spec, ranks=ranks, engine=engine, custom_calls=custom_calls)
         return [(f"{seq.name} vs {dist.name}", str(dist), res, time.perf_counter() - t0)]
 
-    _run_hlo(job, json_out, verbose, timeout)
+    _run_hlo(job, json_out, verbose, timeout, explain, witness, graph, sarif, junit)
 
 
 @app.command("check-dump")
@@ -153,6 +169,11 @@ def check_dump(
     json_out: bool = typer.Option(False, "--json", help="print the versioned JSON report"),
     engine: str = typer.Option("auto", help="auto | clingo | souffle"),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="all failures, notes, timings"),
+    explain: Optional[str] = typer.Option(None, "--explain", help="derivation of OUTPUT (e.g. out0 or out0@1 for rank 1)"),
+    witness: bool = typer.Option(False, "--witness", help="run both modules on random inputs (IR interpreter) and report the differences"),
+    graph: Optional[Path] = typer.Option(None, "--graph", help="write the failing subgraph (.dot, or .svg with Graphviz)"),
+    sarif: Optional[Path] = typer.Option(None, "--sarif", help="write a SARIF 2.1.0 log of the failures"),
+    junit: Optional[Path] = typer.Option(None, "--junit", help="write JUnit XML, one testcase per module pair"),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="seconds for the whole run (exit 3 when exceeded)"),
 ) -> None:
     """Verify every SPMD-partitioned module of an XLA dump folder (before
@@ -168,7 +189,7 @@ def check_dump(
         secs = (time.perf_counter() - t0) / max(1, len(out))
         return [(res.name or name, name, res, secs) for name, res in out]
 
-    _run_hlo(job, json_out, verbose, timeout)
+    _run_hlo(job, json_out, verbose, timeout, explain, witness, graph, sarif, junit)
 
 
 def main() -> None:

@@ -44,7 +44,8 @@ class Witness:
         if worst is not None:
             head += (f"; largest output difference {worst.max_abs_diff:.3g} at {worst.output} "
                      f"on rank {worst.rank} (values up to {worst.max_abs_value:.3g}, seed {self.seed})")
-        return head + (f"; {self.located}" if self.located else "")
+        return head + (f"; {self.located}" if self.located else "") + \
+            (f"; {self.note}" if self.note else "")
 
 
 def value_bytes(problem: Problem) -> int:
@@ -68,8 +69,10 @@ def witness(result: Result, seed: int = 0, max_bytes: int = MAX_BYTES) -> Witnes
         return Witness(False, False, note=f"the programs cannot be executed here: {e}")
     diffs = []
     names = p.seq.output_names or [f"out{i}" for i in range(len(p.seq.outputs))]
+    unknown = []
     for i, (s, d, rel) in enumerate(zip(p.seq.outputs, p.dist.outputs, p.outputs)):
-        if rel is None:
+        if rel is None:  # nothing says which block each rank should hold
+            unknown.append(names[i])
             continue
         seq_val = np.asarray(run.seq[s][0], dtype=np.float64)
         for r in range(p.mesh.size):
@@ -78,7 +81,9 @@ def witness(result: Result, seed: int = 0, max_bytes: int = MAX_BYTES) -> Witnes
             diff = float(np.max(np.abs(got - want))) if got.size else 0.0
             diffs.append(OutputDiff(names[i], r, diff, float(np.max(np.abs(want))) if want.size else 0.0))
     confirmed = any(o.max_abs_diff > RTOL * max(1.0, o.max_abs_value) for o in diffs)
-    return Witness(True, confirmed, diffs, _located(result, run), seed=seed)
+    note = (f"no expected relation for {', '.join(unknown)} (give [outputs] in the spec) "
+            "so those outputs were not compared") if unknown else ""
+    return Witness(True, confirmed, diffs, _located(result, run), note, seed=seed)
 
 
 def _located(result: Result, run) -> str:

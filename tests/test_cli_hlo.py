@@ -176,3 +176,22 @@ def test_check_dump_finds_a_broken_partitioned_module(dump_dir, tmp_path):
     assert line.startswith(f"  all_reduce at {after.name}:")
     r = run("check-dump", tmp_path / "empty")
     assert r.exit_code == EXIT_INPUT and "not a directory" in error_line(r)
+
+
+def test_check_report_flags_on_hlo(tmp_path):
+    sarif, junit = tmp_path / "r.sarif", tmp_path / "r.xml"
+    r = run("check", MUT / "jax_flatten_seq.hlo", MUT / "jax_flatten_wrong_gather_dim.hlo",
+            "--ranks", "2", "--witness", "--sarif", str(sarif), "--junit", str(junit),
+            "--graph", str(tmp_path / "g.dot"))
+    assert r.exit_code == 1, r.output
+    # no [outputs] in a spec: the witness says it had nothing to compare
+    assert "witness: not confirmed numerically" in r.stdout
+    assert "no expected relation for out0" in r.stdout
+    log = json.loads(sarif.read_text())
+    assert log["runs"][0]["results"][0]["ruleId"] == "not-adjacent"
+    assert 'failures="1"' in junit.read_text()
+    assert (tmp_path / "g.dot").read_text().startswith("digraph")
+    ok = run("check", MUT / "jax_flatten_seq.hlo", MUT / "jax_flatten_dist.hlo", "--ranks", "2",
+             "--explain", "out0@1")
+    assert ok.exit_code == 0, ok.output
+    assert "rank 1: out0 =" in ok.stdout and "input relation" in ok.stdout
