@@ -302,23 +302,22 @@ class Judge:
                     reason = "partial result never reduced: add the missing all-reduce"
                     kind = {0: "sum", 1: "max", 2: "min"}[v.partial.reducer]
                     mover = self._split_by_data_movement(origin)
-                    if mover is not None:
+                    if mover is not None:  # the dim became split here: blame the move
                         reason = (f"{origin.kind} reduces a dim that {mover.kind} left split "
                                   f"over the ranks, and nothing completes the partial {kind}")
                         msg = (f"{mover.kind} splits the dim that {self.op_desc(origin)} "
                                f"reduces, so each rank holds only a partial {kind} "
                                f"({self.view_text(v)}) that is never reduced")
-                        return Failure(mover.kind, mover.loc.file, mover.loc.line,
-                                       f"{msg}: {reason}", "distributed", mover.loc.frames,
-                                       (rank,), reason, "unreduced-partial",
-                                       {rank: self.operand_views(op, rank)})
-                    msg = (f"{origin.kind} produces a partial {kind} on every rank "
-                           f"({self.view_text(v)}) and no all-reduce or reduce-scatter follows "
-                           f"before {op.kind} at {_short(op.loc.file)}:{op.loc.line} uses it")
-                    return Failure(origin.kind, origin.loc.file, origin.loc.line,
-                                   f"{msg}: {reason}", "distributed", origin.loc.frames,
-                                   (rank,), reason, "unreduced-partial",
-                                   {rank: self.operand_views(op, rank)})
+                        at = mover
+                    else:
+                        msg = (f"{origin.kind} produces a partial {kind} on every rank "
+                               f"({self.view_text(v)}) and no all-reduce or reduce-scatter "
+                               f"follows before {op.kind} at {_short(op.loc.file)}:"
+                               f"{op.loc.line} uses it")
+                        at = origin
+                    return Failure(at.kind, at.loc.file, at.loc.line, f"{msg}: {reason}",
+                                   "distributed", at.loc.frames, (rank,), reason,
+                                   "unreduced-partial", {rank: self.operand_views(op, rank)})
         return None
 
     def _split_by_data_movement(self, reducer: Op) -> Op | None:

@@ -311,58 +311,50 @@ class _Cursor:
         self.i = m.end()
         return m.group()
 
+    def _scan(self, to_close: bool) -> int:
+        """From the cursor, skipping string literals: the index of the bracket that
+        closes the one at the cursor (`to_close`; -1 if none), or of the next
+        comma at bracket depth 0 (or the end of the text)."""
+        depth, in_str = 0, False
+        i = self.i
+        while i < len(self.s):
+            c = self.s[i]
+            if in_str:
+                if c == "\\":
+                    i += 2
+                    continue
+                if c == '"':
+                    in_str = False
+            elif c == '"':
+                in_str = True
+            elif c in _OPEN:
+                depth += 1
+            elif c in _CLOSE:
+                depth -= 1
+                if to_close and depth == 0:
+                    return i
+            elif c == "," and depth == 0 and not to_close:
+                return i
+            i += 1
+        return -1 if to_close else i
+
     def balanced(self) -> str:
         """At an opening bracket: return the text up to its match (exclusive)
         and move past the match."""
         self.ws()
         start = self.i
-        depth, in_str = 0, False
-        i = self.i
-        while i < len(self.s):
-            c = self.s[i]
-            if in_str:
-                if c == "\\":
-                    i += 2
-                    continue
-                if c == '"':
-                    in_str = False
-            elif c == '"':
-                in_str = True
-            elif c in _OPEN:
-                depth += 1
-            elif c in _CLOSE:
-                depth -= 1
-                if depth == 0:
-                    self.i = i + 1
-                    return self.s[start + 1:i]
-            i += 1
-        raise self.error("unbalanced brackets (truncated instruction?)")
+        end = self._scan(to_close=True)
+        if end < 0:
+            raise self.error("unbalanced brackets (truncated instruction?)")
+        self.i = end + 1
+        return self.s[start + 1:end]
 
     def until_comma(self) -> str:
         """Text up to the next comma at bracket depth 0 (or the end)."""
         self.ws()
         start = self.i
-        depth, in_str = 0, False
-        i = self.i
-        while i < len(self.s):
-            c = self.s[i]
-            if in_str:
-                if c == "\\":
-                    i += 2
-                    continue
-                if c == '"':
-                    in_str = False
-            elif c == '"':
-                in_str = True
-            elif c in _OPEN:
-                depth += 1
-            elif c in _CLOSE:
-                depth -= 1
-            elif c == "," and depth == 0:
-                break
-            i += 1
-        self.i = i
-        return self.s[start:i].strip()
+        self.i = self._scan(to_close=False)
+        return self.s[start:self.i].strip()
 
 
 def split_top(s: str, sep: str = ",") -> list[str]:
