@@ -18,7 +18,6 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from dlverify.api import DEFAULT_WINDOW, verify_problem
 from dlverify.engine import EngineName
@@ -26,7 +25,7 @@ from dlverify.errors import InputError
 from dlverify.ir import Graph, IdAllocator, Op
 from dlverify.problem import Problem
 from dlverify.relations import replicated
-from dlverify.spec import Spec, hlo_problem, load_spec
+from dlverify.spec import hlo_problem, load_spec
 from dlverify.verdict import Result
 
 

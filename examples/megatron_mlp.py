@@ -12,7 +12,7 @@ psum, bias added before the psum, gelu applied to a partial sum).
 """
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
 import dlverify
 

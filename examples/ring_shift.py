@@ -9,7 +9,7 @@ Cases: the correct shift and a buggy twin that sends to the previous rank.
 """
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
 import dlverify
 

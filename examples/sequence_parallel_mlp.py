@@ -11,7 +11,7 @@ batch dim instead of the sequence dim.
 """
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
 import dlverify
 

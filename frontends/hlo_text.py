@@ -311,39 +311,12 @@ class _Cursor:
         self.i = m.end()
         return m.group()
 
-    def _scan(self, to_close: bool) -> int:
-        """From the cursor, skipping string literals: the index of the bracket that
-        closes the one at the cursor (`to_close`; -1 if none), or of the next
-        comma at bracket depth 0 (or the end of the text)."""
-        depth, in_str = 0, False
-        i = self.i
-        while i < len(self.s):
-            c = self.s[i]
-            if in_str:
-                if c == "\\":
-                    i += 2
-                    continue
-                if c == '"':
-                    in_str = False
-            elif c == '"':
-                in_str = True
-            elif c in _OPEN:
-                depth += 1
-            elif c in _CLOSE:
-                depth -= 1
-                if to_close and depth == 0:
-                    return i
-            elif c == "," and depth == 0 and not to_close:
-                return i
-            i += 1
-        return -1 if to_close else i
-
     def balanced(self) -> str:
         """At an opening bracket: return the text up to its match (exclusive)
         and move past the match."""
         self.ws()
         start = self.i
-        end = self._scan(to_close=True)
+        end = _scan(self.s, self.i, to_close=True)
         if end < 0:
             raise self.error("unbalanced brackets (truncated instruction?)")
         self.i = end + 1
@@ -353,13 +326,15 @@ class _Cursor:
         """Text up to the next comma at bracket depth 0 (or the end)."""
         self.ws()
         start = self.i
-        self.i = self._scan(to_close=False)
+        self.i = _scan(self.s, self.i, to_close=False)
         return self.s[start:self.i].strip()
 
 
-def split_top(s: str, sep: str = ",") -> list[str]:
-    """Split at `sep` outside brackets and strings."""
-    parts, depth, in_str, start, i = [], 0, False, 0, 0
+def _scan(s: str, i: int, to_close: bool, sep: str = ",") -> int:
+    """From index i, skipping string literals: the index of the bracket closing
+    the one at i (`to_close`; -1 if none), or of the next `sep` at bracket depth 0
+    (or len(s))."""
+    depth, in_str = 0, False
     while i < len(s):
         c = s[i]
         if in_str:
@@ -374,11 +349,21 @@ def split_top(s: str, sep: str = ",") -> list[str]:
             depth += 1
         elif c in _CLOSE:
             depth -= 1
-        elif c == sep and depth == 0:
-            parts.append(s[start:i])
-            start = i + 1
+            if to_close and depth == 0:
+                return i
+        elif c == sep and depth == 0 and not to_close:
+            return i
         i += 1
-    parts.append(s[start:])
+    return -1 if to_close else i
+
+
+def split_top(s: str, sep: str = ",") -> list[str]:
+    """Split at `sep` outside brackets and strings."""
+    parts, start = [], 0
+    while start <= len(s):
+        end = _scan(s, start, to_close=False, sep=sep)
+        parts.append(s[start:end])
+        start = end + 1
     return [p.strip() for p in parts if p.strip()]
 
 

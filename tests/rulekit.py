@@ -15,7 +15,7 @@ from dlverify.api import verify_problem
 from dlverify.ir import Graph, GraphBuilder, IdAllocator, Mesh
 from dlverify.numeric import partial_sum_errors, run_both, view_error
 from dlverify.problem import Problem
-from dlverify.relations import BlockRelation, replicated, spec_relation
+from dlverify.relations import BlockRelation, spec_relation
 from dlverify.verdict import Result, ViewFact
 
 

@@ -2,7 +2,6 @@
 witnesses, and machine-readable reports that validate against their schemas."""
 import json
 import shutil
-import subprocess
 from importlib import resources
 from pathlib import Path
 from xml.etree import ElementTree as ET

@@ -18,8 +18,7 @@ Cases: the correct training step (DP=2, CP=2) and the buggy twin.
 """
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
 import dlverify
 
@@ -29,12 +28,7 @@ TOKENS = DP * SEQ            # one sequence per DP rank, flattened batch-major
 
 
 def _mesh():
-    devices = jax.devices()
-    if len(devices) < DP * CP:
-        raise RuntimeError(
-            f"this case needs {DP * CP} devices but JAX sees {len(devices)}; set "
-            "XLA_FLAGS=--xla_force_host_platform_device_count=8 before importing jax")
-    return Mesh(np.array(devices[:DP * CP]).reshape(DP, CP), ("dp", "cp"))
+    return dlverify.host_mesh((DP, CP), ("dp", "cp"))
 
 
 def _args():

@@ -15,8 +15,7 @@ the sequence-sharded tensor and claims a block of the flattened tokens.
 """
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
 import dlverify
 
@@ -25,12 +24,7 @@ BATCH, SEQ, D, F = 8, 16, 8, 8
 
 
 def _mesh(n):
-    devices = jax.devices()
-    if len(devices) < n:
-        raise RuntimeError(
-            f"this case needs {n} devices but JAX sees {len(devices)}; set "
-            "XLA_FLAGS=--xla_force_host_platform_device_count=8 before importing jax")
-    return Mesh(np.array(devices[:n]), ("sp",))
+    return dlverify.host_mesh((n,), ("sp",))
 
 
 def _args():

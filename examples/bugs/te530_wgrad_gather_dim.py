@@ -14,8 +14,7 @@ Cases: the correct forward and weight gradient (SP=TP=4) and the buggy twin
 """
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
 import dlverify
 
@@ -25,12 +24,7 @@ TL = TOKENS // TP
 
 
 def _mesh(n):
-    devices = jax.devices()
-    if len(devices) < n:
-        raise RuntimeError(
-            f"this case needs {n} devices but JAX sees {len(devices)}; set "
-            "XLA_FLAGS=--xla_force_host_platform_device_count=8 before importing jax")
-    return Mesh(np.array(devices[:n]), ("tp",))
+    return dlverify.host_mesh((n,), ("tp",))
 
 
 def _args():

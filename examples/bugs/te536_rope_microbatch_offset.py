@@ -14,8 +14,7 @@ twin that drops the micro-batch offset.
 """
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
 import dlverify
 
@@ -28,12 +27,7 @@ HALF = DIM // 2
 
 
 def _mesh(n):
-    devices = jax.devices()
-    if len(devices) < n:
-        raise RuntimeError(
-            f"this case needs {n} devices but JAX sees {len(devices)}; set "
-            "XLA_FLAGS=--xla_force_host_platform_device_count=8 before importing jax")
-    return Mesh(np.array(devices[:n]), ("cp",))
+    return dlverify.host_mesh((n,), ("cp",))
 
 
 def _args():

@@ -56,8 +56,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
 import dlverify
 
@@ -334,13 +333,8 @@ def make_local(cfg: Config, tp: int, sp: bool, train: bool):
     return train_step if train else fwd
 
 
-def _mesh(tp: int) -> Mesh:
-    devices = jax.devices()
-    if len(devices) < tp:
-        raise RuntimeError(
-            f"this case needs {tp} devices but JAX sees {len(devices)}; set "
-            "XLA_FLAGS=--xla_force_host_platform_device_count=8 before importing jax")
-    return Mesh(np.array(devices[:tp]), ("tp",))
+def _mesh(tp: int):
+    return dlverify.host_mesh((tp,), ("tp",))
 
 
 def make_dist(cfg: Config, tp: int, sp: bool, train: bool, local=None):
