@@ -139,28 +139,30 @@ def _names(spec: CustomCallSpec, n: int) -> str:
     return ", ".join(spec.operands) if spec.operands else ", ".join(f"x{i}" for i in range(n))
 
 
-@expansion("identity")
-def _identity(spec: CustomCallSpec, L: "_Lowerer", ins: "HloInstruction", ops: list[Any],
-              loc: SourceLoc) -> tuple[int, str]:
+def _one_operand_same_shape(spec: CustomCallSpec, L: "_Lowerer", ins: "HloInstruction",
+                            ops: list[Any], what: str) -> tuple[int, Any]:
+    """The single operand of an elementwise custom call, and the (equal) output shape."""
     if len(ops) != 1:
-        raise L.err(ins, f"custom call {spec.target} (identity) needs exactly one operand")
+        raise L.err(ins, f"custom call {spec.target} ({what}) needs exactly one operand")
     t = L.tid(ins, ops[0])
     out = L.array_shape(ins)
     if L.shape_of(t) != out.dims:
-        raise L.err(ins, f"custom call {spec.target} (identity) changes the shape "
+        raise L.err(ins, f"custom call {spec.target} ({what}) changes the shape "
                          f"{L.shape_of(t)} -> {out.dims}")
+    return t, out
+
+
+@expansion("identity")
+def _identity(spec: CustomCallSpec, L: "_Lowerer", ins: "HloInstruction", ops: list[Any],
+              loc: SourceLoc) -> tuple[int, str]:
+    t, _ = _one_operand_same_shape(spec, L, ins, ops, "identity")
     return t, f"custom call {spec.target} assumed to be the identity ({spec.source})"
 
 
 @expansion("unary")
 def _unary(spec: CustomCallSpec, L: "_Lowerer", ins: "HloInstruction", ops: list[Any],
            loc: SourceLoc) -> tuple[int, str]:
-    if len(ops) != 1:
-        raise L.err(ins, f"custom call {spec.target} (unary) needs exactly one operand")
-    t = L.tid(ins, ops[0])
-    out = L.array_shape(ins)
-    if L.shape_of(t) != out.dims:
-        raise L.err(ins, f"custom call {spec.target} changes the shape {L.shape_of(t)} -> {out.dims}")
+    t, out = _one_operand_same_shape(spec, L, ins, ops, "unary")
     kind = spec.options["kind"]
     r = L.emit(kind, [t], out.dims, out.dtype, {}, loc, ins.name)
     return r, f"custom call {spec.target} assumed to compute {kind}({_names(spec, 1)}) ({spec.source})"
@@ -169,12 +171,7 @@ def _unary(spec: CustomCallSpec, L: "_Lowerer", ins: "HloInstruction", ops: list
 @expansion("silu")
 def _silu(spec: CustomCallSpec, L: "_Lowerer", ins: "HloInstruction", ops: list[Any],
           loc: SourceLoc) -> tuple[int, str]:
-    if len(ops) != 1:
-        raise L.err(ins, f"custom call {spec.target} (silu) needs exactly one operand")
-    t = L.tid(ins, ops[0])
-    out = L.array_shape(ins)
-    if L.shape_of(t) != out.dims:
-        raise L.err(ins, f"custom call {spec.target} changes the shape {L.shape_of(t)} -> {out.dims}")
+    t, out = _one_operand_same_shape(spec, L, ins, ops, "silu")
     s = L.emit("logistic", [t], out.dims, L.dtype_of(t), {}, loc, ins.name)
     r = L.emit("mul", [t, s], out.dims, out.dtype, {}, loc, ins.name)
     return r, (f"custom call {spec.target} assumed to compute silu({_names(spec, 1)}) = "

@@ -315,16 +315,13 @@ def make_local(cfg: Config, tp: int, sp: bool, train: bool):
     n = len(param_shapes(cfg))
     Vl = cfg.vocab // tp
 
-    def loss_local(*flat):
-        p, ids, labels = _unpack(cfg, flat)
-        logits = forward_local(cfg, tp, sp, p, ids)
-        return xent_vocab_parallel(logits, labels, jax.lax.axis_index("tp") * Vl, Vl)
-
     def fwd(*flat):
         p, ids, labels = _unpack(cfg, flat)
         logits = forward_local(cfg, tp, sp, p, ids)
-        loss = xent_vocab_parallel(logits, labels, jax.lax.axis_index("tp") * Vl, Vl)
-        return logits, loss
+        return logits, xent_vocab_parallel(logits, labels, jax.lax.axis_index("tp") * Vl, Vl)
+
+    def loss_local(*flat):
+        return fwd(*flat)[1]
 
     def train_step(*flat):
         loss, grads = jax.value_and_grad(loss_local, argnums=tuple(range(n)))(*flat)
