@@ -145,7 +145,7 @@ def verify_dump(dump_dir: str | Path, engine: EngineName = "auto", window: int =
     expected output relations from the root sharding before optimisations
     (inferred from the views where there is none). Modules that were not
     partitioned (one device) are left out."""
-    from dlverify.frontends.hlo_text import parse_hlo_module, root_output_relations
+    from dlverify.frontends.hlo import parse_hlo_module, root_output_relations
 
     registry = _registry(custom_calls)
     results = []

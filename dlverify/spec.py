@@ -240,7 +240,7 @@ def hlo_problem(seq_path: str | Path, dist_path: str | Path, spec: Spec | None,
     spec's `ranks`; else the distributed module's num_partitions * replica_count.
     `instruction_frames`: ops are located at their instruction's line in the
     file first, then at the user frames of its metadata (see hlo_to_graph)."""
-    from dlverify.frontends.hlo_text import hlo_to_graph, parse_hlo_module
+    from dlverify.frontends.hlo import hlo_to_graph, parse_hlo_module
 
     seq_path, dist_path = str(seq_path), str(dist_path)
     texts = []

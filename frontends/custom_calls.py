@@ -23,7 +23,8 @@ from dlverify.errors import InputError
 from dlverify.ir import ELEMENTWISE_LINEAR_UNARY, ELEMENTWISE_NONLINEAR_UNARY, SourceLoc
 
 if TYPE_CHECKING:
-    from dlverify.frontends.hlo_text import HloInstruction, _Lowerer
+    from dlverify.frontends.hlo.lower import Lowerer
+    from dlverify.frontends.hlo.model import HloInstruction
 
 BUILTIN_NAME = "dlverify/custom_calls.toml"
 
@@ -38,7 +39,7 @@ class CustomCallSpec:
     line: int = 0
 
 
-Expansion = Callable[["CustomCallSpec", "_Lowerer", "HloInstruction", list[Any], SourceLoc],
+Expansion = Callable[["CustomCallSpec", "Lowerer", "HloInstruction", list[Any], SourceLoc],
                      tuple[int, str]]
 EXPANSIONS: dict[str, Expansion] = {}
 _OPTIONS = {"expand", "operands", "doc", "dim", "kind"}
@@ -125,7 +126,7 @@ def load_registry(path: str | Path | None = None) -> dict[str, CustomCallSpec]:
     return reg
 
 
-def expand(spec: CustomCallSpec, L: "_Lowerer", ins: "HloInstruction", ops: list[Any],
+def expand(spec: CustomCallSpec, L: "Lowerer", ins: "HloInstruction", ops: list[Any],
            loc: SourceLoc) -> tuple[int, str]:
     """Emit the ops of one custom call; return (result tensor, assumption text)."""
     if spec.operands and len(ops) != len(spec.operands):
@@ -139,7 +140,7 @@ def _names(spec: CustomCallSpec, n: int) -> str:
     return ", ".join(spec.operands) if spec.operands else ", ".join(f"x{i}" for i in range(n))
 
 
-def _one_operand_same_shape(spec: CustomCallSpec, L: "_Lowerer", ins: "HloInstruction",
+def _one_operand_same_shape(spec: CustomCallSpec, L: "Lowerer", ins: "HloInstruction",
                             ops: list[Any], what: str) -> tuple[int, Any]:
     """The single operand of an elementwise custom call, and the (equal) output shape."""
     if len(ops) != 1:
@@ -153,14 +154,14 @@ def _one_operand_same_shape(spec: CustomCallSpec, L: "_Lowerer", ins: "HloInstru
 
 
 @expansion("identity")
-def _identity(spec: CustomCallSpec, L: "_Lowerer", ins: "HloInstruction", ops: list[Any],
+def _identity(spec: CustomCallSpec, L: "Lowerer", ins: "HloInstruction", ops: list[Any],
               loc: SourceLoc) -> tuple[int, str]:
     t, _ = _one_operand_same_shape(spec, L, ins, ops, "identity")
     return t, f"custom call {spec.target} assumed to be the identity ({spec.source})"
 
 
 @expansion("unary")
-def _unary(spec: CustomCallSpec, L: "_Lowerer", ins: "HloInstruction", ops: list[Any],
+def _unary(spec: CustomCallSpec, L: "Lowerer", ins: "HloInstruction", ops: list[Any],
            loc: SourceLoc) -> tuple[int, str]:
     t, out = _one_operand_same_shape(spec, L, ins, ops, "unary")
     kind = spec.options["kind"]
@@ -169,7 +170,7 @@ def _unary(spec: CustomCallSpec, L: "_Lowerer", ins: "HloInstruction", ops: list
 
 
 @expansion("silu")
-def _silu(spec: CustomCallSpec, L: "_Lowerer", ins: "HloInstruction", ops: list[Any],
+def _silu(spec: CustomCallSpec, L: "Lowerer", ins: "HloInstruction", ops: list[Any],
           loc: SourceLoc) -> tuple[int, str]:
     t, out = _one_operand_same_shape(spec, L, ins, ops, "silu")
     s = L.emit("logistic", [t], out.dims, L.dtype_of(t), {}, loc, ins.name)
@@ -179,7 +180,7 @@ def _silu(spec: CustomCallSpec, L: "_Lowerer", ins: "HloInstruction", ops: list[
 
 
 @expansion("rms_norm")
-def _rms_norm(spec: CustomCallSpec, L: "_Lowerer", ins: "HloInstruction", ops: list[Any],
+def _rms_norm(spec: CustomCallSpec, L: "Lowerer", ins: "HloInstruction", ops: list[Any],
               loc: SourceLoc) -> tuple[int, str]:
     """y = x * rsqrt(sum(x * x over dim) / n + eps) * w, w broadcast along dim."""
     if len(ops) != 3:
@@ -231,5 +232,5 @@ def _rms_norm(spec: CustomCallSpec, L: "_Lowerer", ins: "HloInstruction", ops: l
 
 
 def _np(dtype: str) -> Any:
-    from dlverify.frontends.hlo_text import _np_dtype
-    return _np_dtype(dtype)
+    from dlverify.frontends.hlo.model import np_dtype
+    return np_dtype(dtype)

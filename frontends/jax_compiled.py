@@ -9,7 +9,7 @@ re-layout it, so its ops are those of the sequential module modulo
 partitioning. The sequential program is `seq_fn` lowered by `jax.jit` on one
 device, as HLO text (the module XLA would start optimising from, constants
 printed in full), so both sides come through the same importer
-(frontends/hlo_text.py).
+(frontends/hlo/).
 
 Input relations come from the partitioned module's parameter shardings
 (devices are XLA's logical device ids, which are the ranks); the expected
@@ -28,8 +28,8 @@ from typing import Any, Callable
 import numpy as np
 
 from dlverify.errors import InputError
-from dlverify.frontends.hlo_text import (HloModule, hlo_to_graph, parse_hlo_module,
-                                          root_output_relations)
+from dlverify.frontends.hlo import (HloModule, hlo_to_graph, parse_hlo_module,
+                                    root_output_relations)
 from dlverify.ir import IdAllocator, Mesh, Tensor
 from dlverify.problem import Problem
 from dlverify.relations import BlockRelation, replicated

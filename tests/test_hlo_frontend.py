@@ -21,7 +21,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from dlverify.errors import InputError, UnknownOpError  # noqa: E402
 from dlverify.frontends.custom_calls import load_registry, parse_registry  # noqa: E402
-from dlverify.frontends.hlo_text import (  # noqa: E402
+from dlverify.frontends.hlo import (  # noqa: E402
     hlo_to_graph, parse_hlo_module, parse_replica_groups, parse_sharding)
 from dlverify.interpret import Interpreter  # noqa: E402
 from dlverify.ir import OPS, IdAllocator  # noqa: E402

@@ -1,0 +1,94 @@
+"""Elementwise HLO opcodes: unary and binary arithmetic, compare, select,
+clamp, rounding, and element type conversions."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dlverify.frontends.hlo.model import HloComputation, HloInstruction
+from dlverify.frontends.hlo.ops.registry import Val, handler
+from dlverify.ir import SourceLoc, is_float_dtype
+
+if TYPE_CHECKING:
+    from dlverify.frontends.hlo.lower import Lowerer
+
+
+UNARY = {
+    "abs": "abs", "ceil": "ceil", "floor": "floor", "cosine": "cos", "sine": "sin", "tan": "tan",
+    "exponential": "exp", "exponential-minus-one": "expm1", "log": "log",
+    "log-plus-one": "log1p", "logistic": "logistic", "negate": "neg", "not": "not",
+    "sign": "sign", "sqrt": "sqrt", "rsqrt": "rsqrt", "cbrt": "cbrt", "tanh": "tanh",
+    "is-finite": "is_finite", "popcnt": "population_count", "count-leading-zeros": "clz",
+    "clz": "clz", "real": "real", "imag": "imag", "erf": "erf",
+}
+BINARY = {
+    "add": "add", "subtract": "sub", "multiply": "mul", "divide": "div", "maximum": "max",
+    "minimum": "min", "power": "pow", "remainder": "rem", "atan2": "atan2", "and": "and",
+    "or": "or", "xor": "xor", "shift-left": "shift_left",
+    "shift-right-logical": "shift_right_logical",
+    "shift-right-arithmetic": "shift_right_arithmetic", "complex": "complex",
+}
+_COMPARE = {"EQ": "eq", "NE": "ne", "LT": "lt", "LE": "le", "GT": "gt", "GE": "ge"}
+# str(jax.lax.RoundingMethod.X), as frontends/jaxpr.py records it.
+_ROUNDING = {"round-nearest-afz": "0", "round-nearest-even": "1"}
+
+
+@handler(*UNARY, *BINARY)
+def _arithmetic(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+                loc: SourceLoc) -> Val:
+    return L.elementwise(ins, UNARY.get(ins.opcode) or BINARY[ins.opcode], ops, loc)
+
+
+@handler("compare")
+def _compare(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+             loc: SourceLoc) -> Val:
+    d = (ins.attrs.get("direction") or "").strip()
+    if d not in _COMPARE:
+        raise L.err(ins, f"compare without a known direction (got {d!r})")
+    return L.elementwise(ins, _COMPARE[d], ops, loc)
+
+
+@handler("select")
+def _select(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+            loc: SourceLoc) -> Val:
+    if len(ops) != 3:
+        raise L.err(ins, "select takes (pred, on_true, on_false)")
+    if isinstance(ops[1], tuple):  # old tuple select: statically chosen only
+        raise L.unknown(ins, "select of tuples is not supported")
+    pred, on_true, on_false = ops
+    return L.elementwise(ins, "select_n", [pred, on_false, on_true], loc)
+
+
+@handler("clamp")
+def _clamp(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+           loc: SourceLoc) -> Val:
+    return L.elementwise(ins, "clamp", ops, loc)  # clamp(min, x, max), as lax.clamp
+
+
+@handler("round-nearest-afz", "round-nearest-even")
+def _round(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+           loc: SourceLoc) -> Val:
+    return L.elementwise(ins, "round", ops, loc, {"rounding": _ROUNDING[ins.opcode]})
+
+
+@handler("convert")
+def _convert(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+             loc: SourceLoc) -> Val:
+    t = L.tid(ins, ops[0])
+    src = L.dtype_of(t)
+    dst = L.array_shape(ins).dtype
+    if is_float_dtype(dst) or not is_float_dtype(src):
+        # float<->float and int/bool->float are identities over the reals.
+        if L.shape_of(t) != ins.shape.dims:
+            raise L.err(ins, f"convert changes the shape {L.shape_of(t)} -> {ins.shape.dims}")
+        return t
+    kind = "convert_to_bool" if dst == "bool" else "convert_to_int"
+    return L.elementwise(ins, kind, [t], loc)
+
+
+@handler("bitcast-convert")
+def _bitcast_convert(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+                     loc: SourceLoc) -> Val:
+    t = L.tid(ins, ops[0])
+    if L.dtype_of(t) == ins.shape.dtype and L.shape_of(t) == ins.shape.dims:
+        return t
+    raise L.unknown(ins, "bitcast-convert reinterprets bits: no translation")
