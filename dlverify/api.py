@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from dlverify import schema as S
+from dlverify.diagnosis import Judge
 from dlverify.engine import EngineName, run_program
 from dlverify.engine.facts_io import write_facts_dir
 from dlverify.facts import export
@@ -14,7 +15,7 @@ from dlverify.passes import fold, share_nullary
 from dlverify.problem import Problem
 from dlverify.rewrites import rewrite
 from dlverify.segments import SegmentedRun, needs_segments, run_segmented
-from dlverify.verdict import Judge, Result
+from dlverify.verdict import Result
 
 REAL_ARITHMETIC_NOTE = ("the verdict is about real arithmetic: sums that the distributed program "
                         "reassociates across ranks may differ from the sequential ones by "

@@ -1,16 +1,17 @@
 """The optional products of a run the CLI asks for: explanations, numeric
-witnesses, failing-subgraph drawings, SARIF and JUnit files."""
+witnesses, failing-subgraph drawings, SARIF and JUnit files. Not a renderer
+itself (it runs the numeric witness): it calls the renderers of dlverify/reports/."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Iterable
 
-from dlverify.cases import CaseOutcome
 from dlverify.errors import InputError
-from dlverify.explain import explain as explain_output
-from dlverify.junit import write_junit
-from dlverify.sarif import write_sarif
-from dlverify.subgraph import write_graph
+from dlverify.reports.explain import explain as explain_output
+from dlverify.reports.graph import write_graph
+from dlverify.reports.junit import write_junit
+from dlverify.reports.sarif import write_sarif
+from dlverify.verdict import CaseOutcome
 from dlverify.witness import witness as run_witness
 
 

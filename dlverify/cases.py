@@ -6,36 +6,12 @@ import inspect
 import sys
 import time
 import traceback
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from dlverify.case import CASE_MARKER, Case
 from dlverify.errors import InputError
-from dlverify.verdict import Result
-
-
-@dataclass
-class CaseOutcome:
-    """One case's verdict against what its author expected."""
-
-    name: str
-    file: str
-    expect: str
-    result: Result | None
-    error: str = ""
-    seconds: float = 0.0
-    witness: str = ""  # the numeric witness summary, when asked for
-
-    @property
-    def verdict(self) -> str:
-        if self.result is None:
-            return "error"
-        return "verified" if self.result.verified else "bug"
-
-    @property
-    def matches(self) -> bool:
-        return self.result is not None and self.verdict == self.expect
+from dlverify.verdict import CaseOutcome
 
 
 def split_target(target: str) -> tuple[Path, str | None]:

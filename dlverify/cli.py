@@ -58,7 +58,8 @@ def check_jax(
     ensure_host_devices()
     from dlverify.artifacts import case_extras, write_outputs
     from dlverify.cases import load_cases, run_case, split_target
-    from dlverify.report import outcome_text, outcomes_json
+    from dlverify.reports.json_report import outcomes_json
+    from dlverify.reports.text import outcome_text
 
     path, name = split_target(target)
     outcomes = []
@@ -108,7 +109,7 @@ def _run_hlo(job, json_out: bool, verbose: bool, timeout: Optional[float],
              sarif: Optional[Path] = None, junit: Optional[Path] = None) -> None:
     """Run `job()` -> [(name, file, Result, seconds)], print, exit 0/1 (2, 3 on errors)."""
     from dlverify.artifacts import case_extras, write_outputs
-    from dlverify.cases import CaseOutcome
+    from dlverify.verdict import CaseOutcome
     from dlverify.hlo_api import result_lines, results_json
 
     with _guarded(timeout):

@@ -180,7 +180,7 @@ def verify_dump(dump_dir: str | Path, engine: EngineName = "auto", window: int =
 
 
 # ---------------------------------------------------------------------------
-# Text for the `check` and `check-dump` commands (on top of dlverify/report.py)
+# Text for the `check` and `check-dump` commands (on top of dlverify/reports/text.py)
 
 def _short(path: str) -> str:
     return path.rsplit("/", 1)[-1]
@@ -201,11 +201,11 @@ def source_chain(frames: tuple) -> str:
 
 
 def result_lines(name: str, res: Result, seconds: float, verbose: bool = False) -> list[str]:
-    """The verdict of one HLO pair: the reconstructions (report.result_text), or
-    each failure (report.failure_line) followed by its instruction and source
+    """The verdict of one HLO pair: the reconstructions (reports.text.result_text), or
+    each failure (reports.text.failure_line) followed by its instruction and source
     chain (for the Neuron files, the Python stack of the metadata); then the
     assumptions the verdict rests on, always."""
-    from dlverify.report import failure_line, result_text
+    from dlverify.reports.text import failure_line, result_text
 
     lines = [f"{'verified' if res.verified else 'NOT verified':<13} {name}  {seconds:.2f}s"]
     if res.verified:
@@ -228,9 +228,9 @@ def result_lines(name: str, res: Result, seconds: float, verbose: bool = False) 
 
 
 def results_json(items: list[tuple[str, str, Result, float]]) -> str:
-    """Versioned JSON (report.outcomes_json): one case per (name, file, result, seconds)."""
-    from dlverify.cases import CaseOutcome
-    from dlverify.report import outcomes_json
+    """Versioned JSON (reports.json_report.outcomes_json): one case per (name, file, result, seconds)."""
+    from dlverify.reports.json_report import outcomes_json
+    from dlverify.verdict import CaseOutcome
 
     return outcomes_json([CaseOutcome(name, file, "verified", res, seconds=secs)
                           for name, file, res, secs in items])

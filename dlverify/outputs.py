@@ -13,13 +13,10 @@ stated; it is listed under assumptions, because the user did not state it.
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING
 
 from dlverify.problem import Problem
 from dlverify.relations import BlockRelation
-
-if TYPE_CHECKING:
-    from dlverify.verdict import ViewFact
+from dlverify.verdict import ViewFact
 
 MAX_SEARCH = 100_000  # candidate assignments tried per output before giving up
 

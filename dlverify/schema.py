@@ -38,8 +38,19 @@ TYPES: tuple[tuple[str, str, str], ...] = (
 
 TYPE_NAMES = frozenset(t[0] for t in TYPES) | {"number", "symbol"}
 
-REDUCER_SUM, REDUCER_MAX, REDUCER_MIN = 0, 1, 2
+# How the terms of a partial value combine: the `reducer` column of Tag,
+# Reduce_Axis and AllReduce. A reducer's code is its position here.
+REDUCERS = ("sum", "max", "min")
+REDUCER_CODE = {name: code for code, name in enumerate(REDUCERS)}
+REDUCER_SUM, REDUCER_MAX, REDUCER_MIN = (REDUCER_CODE[n] for n in REDUCERS)
+
+
+def reducer_name(code: int) -> str:
+    return REDUCERS[code]
+
+
 SCALE_PRIMES = (2, 3, 5, 7)
+UNIT_SCALE = (0,) * len(SCALE_PRIMES)  # the Scale record of 1
 
 
 @dataclass(frozen=True)
@@ -59,6 +70,21 @@ class Relation:
     @property
     def arity(self) -> int:
         return len(self.columns)
+
+    def column_index(self, name: str) -> int:
+        """The position of column `name` in a row of this relation."""
+        for i, c in enumerate(self.columns):
+            if c.name == name:
+                return i
+        raise KeyError(f"{self.name} has no column {name!r}")
+
+    def row(self, **values: object) -> tuple:
+        """A row with every column given by name, in declaration order."""
+        missing = [c.name for c in self.columns if c.name not in values]
+        extra = set(values) - {c.name for c in self.columns}
+        if missing or extra:
+            raise KeyError(f"{self.name} row: missing {missing}, unknown {sorted(extra)}")
+        return tuple(values[c.name] for c in self.columns)
 
 
 def _rel(name: str, doc: str, *cols: str, role: Role = "input") -> Relation:

@@ -1,37 +1,46 @@
-"""Derived facts -> a verdict: the proof (a reconstruction per output and the
-assumptions made) or the located failures."""
+"""The result model: what a verification run returns, and nothing that computes it.
+
+`Result` is the verdict of one program pair (the reconstruction of each output,
+or the located failures, and the assumptions it rests on); `CaseOutcome` is a
+verdict set against what a case's author expected. The derived views are kept
+as `ViewFact`s for --explain, --graph, --witness and the numeric checks.
+Renderers (dlverify/reports/) depend on this module only; the diagnosis that
+builds a Result from the engine's relations is dlverify/diagnosis.py.
+"""
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Iterable
+from typing import Iterable, Literal
 
-import networkx as nx
-
-from dlverify import ir
 from dlverify import schema as S
-from dlverify.ir import Frame, Graph, Op
-from dlverify.outputs import infer_output_relation
+from dlverify.case import Expect
+from dlverify.ir import Frame
 from dlverify.problem import Problem
-from dlverify.relations import BlockRelation
 
-UNIT = (0, 0, 0, 0)
+UNIT_SCALE = S.UNIT_SCALE
 
 
 @dataclass(frozen=True)
 class Partial:
     """A partial term: range [lo, hi) of reduced axis `axis` of sequential op `op`."""
 
-    reducer: int
+    reducer: int  # a code of schema.REDUCERS
     op: int
     axis: int
     lo: int
     hi: int
 
+    @property
+    def reducer_name(self) -> str:
+        return S.reducer_name(self.reducer)
+
 
 @dataclass(frozen=True)
 class ViewFact:
+    """A derived `View` row: on rank `rank`, distributed tensor `dist` equals
+    scale x (the partial term of) the block of sequential tensor `seq` at `offsets`."""
+
     seq: int
     dist: int
     rank: int
@@ -41,7 +50,7 @@ class ViewFact:
 
     @property
     def complete(self) -> bool:
-        return self.partial is None and self.scale == UNIT
+        return self.partial is None and self.scale == UNIT_SCALE
 
 
 @dataclass
@@ -79,6 +88,8 @@ FAILURE_KINDS = {
 
 @dataclass
 class Result:
+    """The verdict on one program pair."""
+
     name: str
     verified: bool
     outputs: list[str]
@@ -96,6 +107,44 @@ class Result:
     problem: Problem | None = field(default=None, repr=False)
 
 
+Status = Literal["ok", "expected", "mismatch", "error"]
+
+
+@dataclass
+class CaseOutcome:
+    """One case's verdict against what its author expected."""
+
+    name: str
+    file: str
+    expect: Expect
+    result: Result | None
+    error: str = ""
+    seconds: float = 0.0
+    witness: str = ""  # the numeric witness summary, when asked for
+
+    @property
+    def verdict(self) -> str:
+        if self.result is None:
+            return "error"
+        return "verified" if self.result.verified else "bug"
+
+    @property
+    def matches(self) -> bool:
+        return self.result is not None and self.verdict == self.expect
+
+    @property
+    def status(self) -> Status:
+        """"ok" (verified as expected), "expected" (the bug the case expects was
+        found: a success, not a failed verification), "mismatch" or "error"."""
+        if self.result is None:
+            return "error"
+        if not self.matches:
+            return "mismatch"
+        return "expected" if self.expect == "bug" else "ok"
+
+
+# ---------------------------------------------------------------- reading engine rows
+
 def _offlist(v: object) -> tuple[int, ...]:
     out = []
     while v is not None:
@@ -105,365 +154,34 @@ def _offlist(v: object) -> tuple[int, ...]:
 
 
 def parse_views(rows: Iterable[tuple]) -> list[ViewFact]:
+    """`View` rows (columns read by their schema names) as ViewFacts."""
+    col = S.VIEW.column_index
+    s_, d_, r_, o_, p_, c_ = (col(n) for n in ("s", "d", "r", "o", "p", "c"))
     views = []
-    for s, d, r, o, p, c in rows:
-        views.append(ViewFact(s, d, r, _offlist(o), Partial(*p) if p is not None else None, tuple(c)))
+    for row in rows:
+        p = row[p_]
+        views.append(ViewFact(row[s_], row[d_], row[r_], _offlist(row[o_]),
+                              Partial(*p) if p is not None else None, tuple(row[c_])))
     return views
 
 
+# ---------------------------------------------------------------- shared formatting
+
 def scale_value(c: tuple[int, ...]) -> Fraction:
+    """The exact rational a Scale record stands for."""
     v = Fraction(1)
     for p, e in zip(S.SCALE_PRIMES, c):
         v *= Fraction(p) ** e
     return v
 
 
-def _fmt_offsets(offs: tuple[int, ...], shape: tuple[int, ...]) -> str:
+def fmt_offsets(offs: tuple[int, ...], shape: tuple[int, ...]) -> str:
+    """A block as slices, `:` for a wildcard offset."""
     parts = []
     for o, n in zip(offs, shape):
         parts.append(":" if o < 0 else f"{o}:{o + n}")
     return "[" + ", ".join(parts) + "]"
 
 
-def describe_reconstruction(name: str, rel: BlockRelation, ranks: int) -> str:
-    """The reconstruction function for an output whose blocks are `rel`."""
-    blocks: dict[tuple[int, ...], list[int]] = defaultdict(list)
-    for r, offs in enumerate(rel.offsets[:ranks]):
-        blocks[offs].append(r)
-    if len(blocks) == 1:
-        return f"{name} = r0.{name}  (replicated on all {ranks} ranks)"
-    varying = [i for i in range(len(rel.seq_shape)) if len({o[i] for o in blocks}) > 1]
-
-    def build(keys: list[tuple[int, ...]], dims: list[int]) -> str:
-        if not dims:
-            return f"r{blocks[keys[0]][0]}.{name}"
-        d = dims[0]
-        by = defaultdict(list)
-        for k in keys:
-            by[k[d]].append(k)
-        parts = [build(by[o], dims[1:]) for o in sorted(by)]
-        return f"concat({', '.join(parts)}; dim {d})"
-
-    text = f"{name} = {build(sorted(blocks), varying)}"
-    copies = {len(v) for v in blocks.values()}
-    if copies != {1}:
-        text += f"  (each block held by {max(copies)} ranks)"
-    return text
-
-
-class Judge:
-    """Builds the Result from the engine's output relations."""
-
-    def __init__(self, problem: Problem, relations: dict[str, list[tuple]]) -> None:
-        self.p = problem
-        self.views = parse_views(relations[S.VIEW.name])
-        self.by_dist: dict[tuple[int, int], list[ViewFact]] = defaultdict(list)
-        self.by_seq_dist: dict[tuple[int, int, int], list[ViewFact]] = defaultdict(list)
-        for v in self.views:
-            self.by_dist[(v.dist, v.rank)].append(v)
-            self.by_seq_dist[(v.seq, v.dist, v.rank)].append(v)
-        self.output_ok = {tuple(r) for r in relations[S.OUTPUT_OK.name]}
-        self.seq_frontier = {r[0] for r in relations[S.SEQ_FRONTIER.name]}
-        self.dist_frontier: dict[int, list[int]] = defaultdict(list)
-        for op, r in relations[S.DIST_FRONTIER.name]:
-            self.dist_frontier[op].append(r)
-        self.seq_ops = {op.id: op for op in problem.seq.ops}
-        self.dist_ops = {op.id: op for op in problem.dist.ops}
-        self.seq_prod = problem.seq.producer()
-        self.dist_prod = problem.dist.producer()
-        self.inferred: list[str] = []  # output relations inferred from the views
-
-    # ------------------------------------------------------------------ naming
-    def tname(self, g: Graph, t: int) -> str:
-        ten = g.tensors[t]
-        if t in g.inputs:
-            return g.input_names[g.inputs.index(t)] if g.input_names else f"in{g.inputs.index(t)}"
-        return ten.name or f"%{t}"
-
-    def seq_desc(self, s: int) -> str:
-        op = self.seq_prod.get(s)
-        if op is None:
-            return self.tname(self.p.seq, s)
-        return f"{op.kind} at {_short(op.loc.file)}:{op.loc.line}" if op.loc.frames else op.kind
-
-    def view_text(self, v: ViewFact) -> str:
-        shape = self.p.dist.tensors[v.dist].shape
-        text = f"block {_fmt_offsets(v.offsets, shape)} of {self.seq_desc(v.seq)}"
-        if v.partial is not None:
-            red = {0: "sum", 1: "max", 2: "min"}[v.partial.reducer]
-            text = (f"partial {red} (range [{v.partial.lo}:{v.partial.hi}) of reduced dim "
-                    f"{v.partial.axis} of {self.op_desc(self.seq_ops[v.partial.op])}) of " + text)
-        if v.scale != UNIT:
-            text = f"{scale_value(v.scale)} x " + text
-        return text
-
-    def op_desc(self, op: Op) -> str:
-        if op.loc.frames:
-            return f"{op.kind} at {_short(op.loc.file)}:{op.loc.line}"
-        return op.kind
-
-    # ------------------------------------------------------------------ verdict
-    def judge(self) -> tuple[bool, list[str], list[Failure]]:
-        p = self.p
-        ranks = p.mesh.size
-        outputs, failing = [], []
-        for idx, (s, d) in enumerate(zip(p.seq.outputs, p.dist.outputs)):
-            name = p.seq.output_names[idx] if p.seq.output_names else f"out{idx}"
-            rel = p.outputs[idx]
-            if rel is None:
-                # No expected relation given: the one the complete views tile, if any.
-                rel = infer_output_relation(p, idx, self.views)
-                if rel is not None:
-                    self.inferred.append("output relation inferred: "
-                                         + describe_reconstruction(name, rel, ranks))
-                    outputs.append(describe_reconstruction(name, rel, ranks))
-                    continue
-            bad = [r for r in range(ranks) if (s, d, r) not in self.output_ok]
-            if rel is not None and not bad:
-                outputs.append(describe_reconstruction(name, rel, ranks))
-            else:
-                failing.append((idx, name, s, d, rel, bad))
-                outputs.append(f"{name}: not proved on ranks {bad}")
-        if not failing:
-            return True, outputs, []
-        failures = self.frontier_failures(failing) + self.output_failures(failing)
-        return False, outputs, failures
-
-    def _ancestor_ops(self, g: Graph, outs: list[int]) -> set[int]:
-        graph = nx.DiGraph()
-        prod = g.producer()
-        for op in g.ops:
-            for i in op.inputs:
-                graph.add_edge(i, op.output)
-        keep: set[int] = set()
-        for t in outs:
-            if t in graph:
-                keep |= nx.ancestors(graph, t) | {t}
-            else:
-                keep.add(t)
-        return {prod[t].id for t in keep if t in prod}
-
-    def frontier_failures(self, failing: list) -> list[Failure]:
-        p = self.p
-        out: list[Failure] = []
-        dist_anc = self._ancestor_ops(p.dist, [f[3] for f in failing])
-        seq_anc = self._ancestor_ops(p.seq, [f[2] for f in failing])
-        order = {op.id: i for i, op in enumerate(p.dist.ops)}
-        dist_ops = [o for o in self.dist_frontier if o in dist_anc]
-        reduced_later = self._reduced_downstream()
-        for op_id in sorted(dist_ops, key=order.__getitem__):
-            op = self.dist_ops[op_id]
-            ranks = tuple(sorted(self.dist_frontier[op_id]))
-            never = self._unreduced_partial(op, ranks[0], reduced_later)
-            if never is not None:
-                out.append(never)
-                continue
-            kind, reason = self.reason(op, ranks)
-            msg = (f"no relation to the sequential program derived for the output of "
-                   f"{op.kind} on ranks {list(ranks)}")
-            views = {r: self.operand_views(op, r) for r in ranks}
-            first = views[ranks[0]]
-            ins = (" [" + " | ".join(f"operand {i} on rank {ranks[0]}: {d}"
-                                     for i, d in enumerate(first)) + "]") if first else ""
-            out.append(Failure(op.kind, op.loc.file, op.loc.line,
-                               msg + (f": {reason}" if reason else "") + ins, "distributed",
-                               op.loc.frames, ranks, reason, kind, views))
-        sorder = {op.id: i for i, op in enumerate(p.seq.ops)}
-        for op_id in sorted((o for o in self.seq_frontier if o in seq_anc), key=sorder.__getitem__):
-            op = self.seq_ops[op_id]
-            out.append(Failure(op.kind, op.loc.file, op.loc.line,
-                               f"the sequential {op.kind} has operands related to the distributed "
-                               f"program but no distributed value equals (a block of) its output",
-                               "sequential", op.loc.frames, kind="sequential-frontier"))
-        return out
-
-    def _reduced_downstream(self) -> set[int]:
-        """Distributed tensors from which some reducing collective is reachable."""
-        consumers: dict[int, list[Op]] = defaultdict(list)
-        for op in self.p.dist.ops:
-            for i in op.inputs:
-                consumers[i].append(op)
-        has: set[int] = set()
-        for op in reversed(self.p.dist.ops):
-            for i in op.inputs:
-                if op.kind in ("all_reduce", "reduce_scatter") or op.output in has:
-                    has.add(i)
-        return has
-
-    def _unreduced_partial(self, op: Op, rank: int, reduced_later: set[int]) -> Failure | None:
-        """A partial operand with no reducing collective anywhere downstream: the bug is
-        the missing reduction, at the op that created the partial sum."""
-        if op.output in reduced_later or op.kind in ("all_reduce", "reduce_scatter"):
-            return None
-        for t in op.inputs:
-            for v in self.by_dist.get((t, rank), []):
-                if v.partial is not None:
-                    origin = self.origin(t, rank, [v]) or op
-                    reason = "partial result never reduced: add the missing all-reduce"
-                    kind = {0: "sum", 1: "max", 2: "min"}[v.partial.reducer]
-                    mover = self._split_by_data_movement(origin)
-                    if mover is not None:  # the dim became split here: blame the move
-                        reason = (f"{origin.kind} reduces a dim that {mover.kind} left split "
-                                  f"over the ranks, and nothing completes the partial {kind}")
-                        msg = (f"{mover.kind} splits the dim that {self.op_desc(origin)} "
-                               f"reduces, so each rank holds only a partial {kind} "
-                               f"({self.view_text(v)}) that is never reduced")
-                        at = mover
-                    else:
-                        msg = (f"{origin.kind} produces a partial {kind} on every rank "
-                               f"({self.view_text(v)}) and no all-reduce or reduce-scatter "
-                               f"follows before {op.kind} at {_short(op.loc.file)}:"
-                               f"{op.loc.line} uses it")
-                        at = origin
-                    return Failure(at.kind, at.loc.file, at.loc.line, f"{msg}: {reason}",
-                                   "distributed", at.loc.frames, (rank,), reason,
-                                   "unreduced-partial", {rank: self.operand_views(op, rank)})
-        return None
-
-    def _split_by_data_movement(self, reducer: Op) -> Op | None:
-        """The collective or slice that produced the operand of `reducer` (through
-        same-shape elementwise ops): where the reduced dim became split."""
-        if not reducer.inputs:
-            return None
-        t = reducer.inputs[0]
-        shape = self.p.dist.tensors[t].shape
-        while t in self.dist_prod:
-            op = self.dist_prod[t]
-            if op.kind in ("all_to_all", "all_gather", "reduce_scatter", "dynamic_slice", "slice"):
-                return op
-            same = [i for i in op.inputs if self.p.dist.tensors[i].shape == shape]
-            if not same or self.p.dist.tensors[op.output].shape != shape:
-                return None
-            t = same[0]
-        return None
-
-    def operand_views(self, op: Op, rank: int) -> list[str]:
-        """What each operand of a distributed op is related to on `rank`."""
-        return ["; ".join(self.view_text(v) for v in self.by_dist.get((t, rank), [])[:3])
-                or "no view" for t in op.inputs]
-
-    def reason(self, op: Op, ranks: tuple[int, ...]) -> tuple[str, str]:
-        """The recognised pattern (a FAILURE_KINDS key) and a plain-language reason."""
-        r = ranks[0]
-        ins = [self.by_dist.get((t, r), []) for t in op.inputs]
-        partial = [bool(vs) and all(v.partial is not None for v in vs) for vs in ins]
-        complete = [any(v.partial is None for v in vs) for vs in ins]
-        k = op.kind
-        if k in ("add", "sub") and any(partial) and any(complete):
-            return "partial-plus-complete", ("adds a complete value to a partial sum, so it is "
-                                             "counted once per rank: add it after the reduction")
-        if (k in ir.ELEMENTWISE_NONLINEAR_UNARY or k in ir.ELEMENTWISE_NONLINEAR_BINARY
-                or k in ir.ELEMENTWISE_NARY) and any(partial):
-            return "nonlinear-on-partial", "nonlinear op applied to a partial sum: reduce first"
-        if k in ("mul", "dot_general") and all(partial) and len(partial) == 2:
-            return "partial-times-partial", "multiplies two partial sums: reduce one of them first"
-        if k in ("all_reduce", "reduce_scatter") and op.inputs:
-            text = self.group_reason(op)
-            return ("wrong-group" if text else "no-relation"), text
-        if k == "all_gather":
-            return "not-adjacent", (f"the members' blocks are not adjacent along dim "
-                                    f"{op.params['dimension']} in group order")
-        if k in ir.ELEMENTWISE_ADDSUB | {"mul", "div"} | ir.ELEMENTWISE_NONLINEAR_BINARY:
-            offs = [{v.offsets for v in vs} for vs in ins]
-            if all(offs) and not set.intersection(*offs):
-                return "operand-mismatch", "operands hold different blocks of the sequential values"
-        return "no-relation", ""
-
-    def group_reason(self, op: Op) -> str:
-        x = op.inputs[0]
-        groups = op.params.get("groups", [])
-        held = {}
-        for r in range(self.p.mesh.size):
-            tags = [v.partial for v in self.by_dist.get((x, r), []) if v.partial is not None]
-            if tags:
-                held[r] = tags[0]
-        if not held:
-            vs = [v for r in range(self.p.mesh.size) for v in self.by_dist.get((x, r), [])]
-            if vs and all(v.partial is None for v in vs):
-                return "the operand is already complete on every rank"
-            return ""
-        full = max(t.hi for t in held.values())
-        bad = []
-        for g in groups:
-            rng = sorted((held[r].lo, held[r].hi) for r in g if r in held)
-            pos, ok = 0, True
-            for lo, hi in rng:
-                ok &= lo == pos
-                pos = hi
-            if not ok or len(rng) != len(g):
-                bad.append(g)
-        holdings = ", ".join(f"rank {r} [{t.lo}:{t.hi})" for r, t in sorted(held.items()))
-        return (f"{op.kind} over groups {groups}, but the members of {bad or groups} do not hold "
-                f"ranges that tile the reduced dim (0:{full}); partial terms held: {holdings}")
-
-    def output_failures(self, failing: list) -> list[Failure]:
-        out = []
-        for idx, name, s, d, rel, bad in failing:
-            prod = self.dist_prod.get(d)
-            for r in bad[:1] if len(bad) > 1 else bad:
-                vs = self.by_seq_dist.get((s, d, r), [])
-                kind = "no-relation"
-                if rel is None:
-                    msg = f"{name}: no expected relation given"
-                elif not vs:
-                    msg = (f"{name} on rank {r}: no relation to the sequential output derived")
-                else:
-                    v = vs[0]
-                    shape = self.p.dist.tensors[d].shape
-                    exp = _fmt_offsets(rel.offsets[r], shape)
-                    if v.partial is not None:
-                        kind = "unreduced-partial"
-                        msg = (f"{name} on rank {r} is a partial sum that is never reduced "
-                               f"({self.view_text(v)})")
-                    elif v.scale != UNIT:
-                        kind = "scale-mismatch"
-                        entry = self.origin(d, r, vs)
-                        msg = (f"{name} on rank {r} is {scale_value(v.scale)} times the sequential "
-                               f"value: scale differs by {scale_value(v.scale)}"
-                               + (f" (the factor enters at {self.op_desc(entry)})" if entry else ""))
-                    else:
-                        kind = "wrong-block"
-                        msg = (f"{name} on rank {r} holds {_fmt_offsets(v.offsets, shape)} of the "
-                               f"sequential output but the output relation requires {exp}")
-                if len(bad) > 1:
-                    msg += f" (ranks {bad} fail)"
-                loc_op = prod
-                if vs and vs[0].partial is not None:
-                    loc_op = self.origin(d, r, vs) or prod
-                frames = loc_op.loc.frames if loc_op else ()
-                out.append(Failure(loc_op.kind if loc_op else "output",
-                                   loc_op.loc.file if loc_op else "", loc_op.loc.line if loc_op else 0,
-                                   msg, "distributed", frames, tuple(bad), kind=kind,
-                                   operand_views={q: [self.view_text(w) for w in
-                                                      self.by_seq_dist.get((s, d, q), [])[:3]]
-                                                  or ["no view"] for q in bad}))
-        return out
-
-    def origin(self, d: int, r: int, vs: list[ViewFact]) -> Op | None:
-        """The distributed op where what is wrong with d's view first appears: the op
-        that created its partial tag, or that introduced its scale."""
-        if not vs:
-            return self.dist_prod.get(d)
-        v = vs[0]
-        t = d
-        seen = set()
-        while t in self.dist_prod and t not in seen:
-            seen.add(t)
-            op = self.dist_prod[t]
-            nxt = None
-            for i in op.inputs:
-                for w in self.by_dist.get((i, r), []):
-                    if (v.partial is not None and w.partial == v.partial) or \
-                            (v.partial is None and v.scale != UNIT and w.scale == v.scale):
-                        nxt = i
-                        break
-                if nxt is not None:
-                    break
-            if nxt is None:
-                return op
-            t = nxt
-        return self.dist_prod.get(d)
-
-
-def _short(path: str) -> str:
+def short_path(path: str) -> str:
     return path.rsplit("/", 1)[-1]

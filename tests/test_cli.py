@@ -75,7 +75,11 @@ def test_every_case_of_a_file_one_line_each_exit_0():
     assert res.stderr == ""
     lines = status_lines(res.stdout)
     assert [line.split()[1] for line in lines] == MLP_CASES
-    assert all(line.startswith("ok ") for line in lines)
+    for line in lines:  # a bug the case expects is reported as expected, not as "not verified"
+        if "_bug_" in line.split()[1]:
+            assert line.startswith(f"expected  {line.split()[1]}  bug found as expected  "), line
+        else:
+            assert line.startswith("ok "), line
     verified = {line.split()[1] for line in lines if line.split()[2] == "verified"}
     assert verified == {"megatron_mlp_tp2", "megatron_mlp_tp4", "megatron_mlp_out_gelu"}
     assert "  out0 = r0.out0  (replicated on all 4 ranks)" in res.stdout.splitlines()

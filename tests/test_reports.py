@@ -11,12 +11,14 @@ import pytest
 
 from conftest import bug_line, example_targets
 from dlverify.api import verify_jax
-from dlverify.cases import CaseOutcome, load_cases
-from dlverify.explain import explain
-from dlverify.junit import junit_xml
-from dlverify.report import outcomes_json
-from dlverify.sarif import sarif_log
-from dlverify.subgraph import failing_subgraphs, to_dot, write_graph
+from dlverify.cases import load_cases
+from dlverify.reports.explain import explain
+from dlverify.reports.graph import failing_subgraphs, to_dot, write_graph
+from dlverify.reports.json_report import outcomes_json
+from dlverify.reports.junit import junit_xml
+from dlverify.reports.sarif import sarif_log
+from dlverify.reports.text import outcome_text
+from dlverify.verdict import FAILURE_KINDS, CaseOutcome
 from dlverify.witness import witness
 
 TARGETS = example_targets()
@@ -125,6 +127,8 @@ def test_sarif_validates_and_points_at_the_bug_lines(outcomes):
     results = log["runs"][0]["results"]
     rule_ids = {r["id"] for r in log["runs"][0]["tool"]["driver"]["rules"]}
     assert all(r["ruleId"] in rule_ids for r in results)
+    # every example matches its expectation: its findings are the bugs it expects
+    assert results and all(r["level"] == "note" for r in results)
     for o in outcomes:
         if o.expect == "bug":
             mine = [r for r in results if r["properties"]["case"] == o.name]
@@ -141,3 +145,49 @@ def test_junit_xml_counts_mismatches(outcomes):
     assert root.get("failures") == "1"
     failed = [tc for tc in root.iter("testcase") if tc.find("failure") is not None]
     assert [tc.get("name") for tc in failed] == ["flipped"]
+
+
+def test_text_reports_found_bugs_as_expected_not_as_failed_verifications(outcomes):
+    for o in outcomes:
+        head = outcome_text(o)[0]
+        if o.expect == "bug":
+            assert head.startswith(f"expected  {o.name}  bug found as expected  "), head
+            assert "not verified" not in head
+        else:
+            assert head.startswith(f"ok        {o.name}  verified  "), head
+    flipped = CaseOutcome("flipped", outcomes[0].file, "bug", outcomes[0].result, seconds=0.1)
+    assert outcome_text(flipped)[0].startswith("MISMATCH  flipped  verified (expected bug)")
+
+
+def test_sarif_levels_notes_for_expected_bugs_errors_for_mismatches(outcomes):
+    bug = next(o for o in outcomes if o.expect == "bug")
+    ok = next(o for o in outcomes if o.expect == "verified")
+    # the same failing result in a case that does not expect a bug is an error
+    unexpected = CaseOutcome("unexpected", bug.file, "verified", bug.result, seconds=0.1)
+    says_bug = CaseOutcome("says_bug", ok.file, "bug", ok.result, seconds=0.1)
+    log = sarif_log([bug, unexpected, says_bug], root=Path(__file__).resolve().parent.parent)
+    jsonschema.validate(log, _schema("sarif-2.1.0-subset.schema.json"))
+    by_case: dict[str, set[str]] = {}
+    for r in log["runs"][0]["results"]:
+        case = r.get("properties", {}).get("case") or r["message"]["text"].split("]")[0][1:]
+        by_case.setdefault(case, set()).add(r["level"])
+    assert by_case == {bug.name: {"note"}, "unexpected": {"error"}, "says_bug": {"error"}}
+
+
+def test_json_status_and_matches_expectation(outcomes):
+    flipped = CaseOutcome("flipped", outcomes[0].file, "bug", outcomes[0].result, seconds=0.1)
+    errored = CaseOutcome("broken", outcomes[0].file, "verified", None, error="boom")
+    doc = json.loads(outcomes_json(list(outcomes) + [flipped, errored]))
+    jsonschema.validate(doc, _schema("report-v1.schema.json"))
+    cases = {c["name"]: c for c in doc["cases"]}
+    for o in outcomes:
+        c = cases[o.name]
+        assert c["matches_expectation"] is True
+        assert c["status"] == ("expected" if o.expect == "bug" else "ok")
+    assert (cases["flipped"]["status"], cases["flipped"]["matches_expectation"]) == ("mismatch", False)
+    assert (cases["broken"]["status"], cases["broken"]["matches_expectation"]) == ("error", False)
+
+
+def test_json_schema_lists_every_failure_kind():
+    kinds = _schema("report-v1.schema.json")["$defs"]["failure"]["properties"]["kind"]["enum"]
+    assert set(kinds) == set(FAILURE_KINDS)

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Iterable
 from xml.etree import ElementTree as ET
 
-from dlverify.cases import CaseOutcome
-from dlverify.report import failure_line
+from dlverify.reports.text import failure_line, outcome_status
+from dlverify.verdict import CaseOutcome
 
 
 def junit_xml(outcomes: Iterable[CaseOutcome], suite: str = "dlverify") -> str:
@@ -29,7 +29,7 @@ def junit_xml(outcomes: Iterable[CaseOutcome], suite: str = "dlverify") -> str:
             el.text = details
         else:
             out = ET.SubElement(tc, "system-out")
-            out.text = f"{got}\n{details}"
+            out.text = f"{outcome_status(o)[1]}\n{details}"
     return ET.tostring(root, encoding="unicode", xml_declaration=True)
 
 

@@ -6,8 +6,7 @@ import os
 from pathlib import Path
 from typing import Iterable
 
-from dlverify.cases import CaseOutcome
-from dlverify.verdict import FAILURE_KINDS, Failure
+from dlverify.verdict import FAILURE_KINDS, CaseOutcome, Failure
 
 SARIF_VERSION = "2.1.0"
 SARIF_SCHEMA_URI = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -21,10 +20,10 @@ def _uri(path: str, root: Path) -> str:
         return Path(path).as_posix()
 
 
-def _result(f: Failure, case: str, root: Path) -> dict:
+def _result(f: Failure, case: str, root: Path, level: str) -> dict:
     res: dict = {
         "ruleId": f.kind,
-        "level": "error",
+        "level": level,
         "message": {"text": f"[{case}] {f.op}: {f.message}"},
         "properties": {"case": case, "program": f.program, "ranks": list(f.ranks)},
     }
@@ -42,13 +41,16 @@ def _result(f: Failure, case: str, root: Path) -> dict:
 
 
 def sarif_log(outcomes: Iterable[CaseOutcome], root: Path | None = None) -> dict:
-    """One run; a result per failure of every case whose verdict is 'not verified'
-    (expected or not), and one per case that did not match its expectation."""
+    """One run; a result per failure of every case whose verdict is 'not verified',
+    and one per case that verified although it expects a bug. Failures of a case
+    that expects a bug are level "note" (the bug was found as expected); all
+    others are errors."""
     root = root or Path.cwd()
     results = []
     for o in outcomes:
         if o.result is not None and not o.result.verified:
-            results += [_result(f, o.name, root) for f in o.result.failures]
+            level = "note" if o.expect == "bug" else "error"
+            results += [_result(f, o.name, root, level) for f in o.result.failures]
         if o.result is not None and not o.matches and o.result.verified:
             results.append({"ruleId": "unexpected-verdict", "level": "error",
                             "message": {"text": f"[{o.name}] verified, but the case expects a bug"},

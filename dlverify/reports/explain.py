@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from dlverify import ir
 from dlverify.ir import Graph, Op
-from dlverify.verdict import Result, ViewFact, _fmt_offsets, _short, scale_value
+from dlverify.verdict import UNIT_SCALE, Result, ViewFact, fmt_offsets, scale_value, short_path
 
 COLLECTIVE_RULES = "collectives.dl"
 
@@ -37,7 +37,7 @@ def _family(kind: str) -> str:
 
 
 def _loc(op: Op) -> str:
-    return f"{op.kind} at {_short(op.loc.file)}:{op.loc.line}" if op.loc.frames else op.kind
+    return f"{op.kind} at {short_path(op.loc.file)}:{op.loc.line}" if op.loc.frames else op.kind
 
 
 class Explainer:
@@ -118,12 +118,11 @@ class Explainer:
         dname = self._name(self.p.dist, v.dist, self.dprod)
         sname = self._name(self.p.seq, v.seq, self.sprod)
         text = f"rank {v.rank}: {dname} = "
-        if v.scale != (0, 0, 0, 0):
+        if v.scale != UNIT_SCALE:
             text += f"{scale_value(v.scale)} x "
         if v.partial is not None:
-            red = {0: "sum", 1: "max", 2: "min"}[v.partial.reducer]
-            text += f"partial {red} [{v.partial.lo}:{v.partial.hi}) of "
-        return text + f"{sname}{_fmt_offsets(v.offsets, shape)}"
+            text += f"partial {v.partial.reducer_name} [{v.partial.lo}:{v.partial.hi}) of "
+        return text + f"{sname}{fmt_offsets(v.offsets, shape)}"
 
     def _name(self, g: Graph, t: int, prod: dict[int, Op]) -> str:
         if t in g.inputs:
@@ -153,5 +152,5 @@ def explain(result: Result, target: str, rank: int = 0) -> list[str]:
     cands = [v for v in ex._pair_views(s, d, rank)]
     if not cands:
         return [f"{names[idx]} on rank {rank}: no view derived, nothing to explain"]
-    cands.sort(key=lambda v: (v.partial is not None, v.scale != (0, 0, 0, 0)))
+    cands.sort(key=lambda v: (v.partial is not None, v.scale != UNIT_SCALE))
     return ex.render(cands[0])

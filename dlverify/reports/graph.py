@@ -10,7 +10,7 @@ from pathlib import Path
 import networkx as nx
 
 from dlverify.ir import Graph
-from dlverify.verdict import Result, _short
+from dlverify.verdict import Result, short_path
 
 MAX_OPS = 40
 
@@ -36,7 +36,7 @@ def _cone(g: Graph, targets: list[int], related: set[int], max_ops: int) -> nx.D
     kept = set(keep)
     for oid in keep:
         op = ops[oid]
-        where = f"{_short(op.loc.file)}:{op.loc.line}" if op.loc.frames else ""
+        where = f"{short_path(op.loc.file)}:{op.loc.line}" if op.loc.frames else ""
         out.add_node(f"op{oid}", label=f"{op.kind}\\n{where}", failing=oid in targets, kind="op")
         for t in op.inputs:
             src = prod.get(t)

@@ -1,0 +1,51 @@
+"""Text for people: one status line per case, then its reconstructions or failures."""
+from __future__ import annotations
+
+from dlverify.verdict import CaseOutcome, Failure, Result, short_path
+
+
+def failure_line(f: Failure) -> str:
+    where = f"{short_path(f.file)}:{f.line}" if f.file else "(no source line)"
+    return f"{f.op} at {where}: {f.message}"
+
+
+def result_text(res: Result, verbose: bool = False) -> list[str]:
+    lines = []
+    if res.verified:
+        lines += [f"  {o}" for o in res.outputs]
+    else:
+        shown = res.failures if verbose else res.failures[:3]
+        lines += [f"  {failure_line(f)}" for f in shown]
+        if len(res.failures) > len(shown):
+            lines.append(f"  ... and {len(res.failures) - len(shown)} more (--verbose)")
+        if verbose and res.failures and res.failures[0].frames:
+            lines.append("  called from: " + " <- ".join(
+                f"{fr.function} ({short_path(fr.file)}:{fr.line})" for fr in res.failures[0].frames))
+    if verbose:
+        lines += [f"  assumption: {a}" for a in res.assumptions]
+        lines += [f"  note: {n}" for n in res.notes]
+        lines.append("  time: " + ", ".join(f"{k} {v:.2f}s" for k, v in res.timings.items())
+                     + f"; {res.fact_count} facts, {res.derived_count} derived, engine {res.engine}")
+    return lines
+
+
+def outcome_status(o: CaseOutcome) -> tuple[str, str]:
+    """The status word and the verdict phrase of a case's line: a bug the case
+    expects is reported as expected ("bug found as expected"), not as a failed
+    verification."""
+    if o.result is None:
+        return "ERROR", "error"
+    got = "verified" if o.result.verified else "not verified"
+    if o.status == "expected":
+        return "expected", "bug found as expected"
+    if o.status == "mismatch":
+        return "MISMATCH", f"{got} (expected {o.expect})"
+    return "ok", got
+
+
+def outcome_text(o: CaseOutcome, verbose: bool = False) -> list[str]:
+    if o.result is None:
+        return [f"ERROR     {o.name}: {o.error}"]
+    status, verdict = outcome_status(o)
+    head = f"{status:<9} {o.name}  {verdict}  {o.seconds:.2f}s"
+    return [head] + result_text(o.result, verbose)
