@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 from dlverify.api import DEFAULT_WINDOW, verify_problem
-from dlverify.hlo_api import relate_elided_constants
+from dlverify.hlo_api import hlo_problem, relate_elided_constants
 from dlverify.ir import IdAllocator
-from dlverify.spec import hlo_problem, load_spec
+from dlverify.spec import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"

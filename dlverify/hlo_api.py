@@ -1,6 +1,6 @@
 """Library entry points for XLA HLO text: a pair of modules, or an XLA dump folder.
 
-`verify_hlo(seq, dist, spec)` builds the Problem with `dlverify.spec.hlo_problem`,
+`verify_hlo(seq, dist, spec)` builds the Problem with `hlo_problem` (below),
 relates the constants whose values both files elide (an assumption, listed),
 and runs `dlverify.api.verify_problem`. When an output has no expected
 relation (no `[outputs]` entry in the spec), it is inferred from the derived
@@ -18,6 +18,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dlverify.api import DEFAULT_WINDOW, verify_problem
 from dlverify.engine import EngineName
@@ -25,8 +26,42 @@ from dlverify.errors import InputError
 from dlverify.ir import Graph, IdAllocator, Op
 from dlverify.problem import Problem
 from dlverify.relations import replicated
-from dlverify.spec import hlo_problem, load_spec
+from dlverify.spec import Spec, load_spec
 from dlverify.verdict import Result
+
+if TYPE_CHECKING:
+    from dlverify.frontends.hlo import HloModule
+
+
+def read_hlo_module(path: str | Path) -> "HloModule":
+    """Read and parse one HLO text file (InputError naming the file on failure)."""
+    from dlverify.frontends.hlo import parse_hlo_module
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise InputError(f"cannot read HLO file: {e.strerror}", str(path)) from None
+    except UnicodeDecodeError:
+        raise InputError("not a text file (HLO text expected)", str(path)) from None
+    return parse_hlo_module(text, str(path))
+
+
+def hlo_problem(seq_path: str | Path, dist_path: str | Path, spec: Spec | None,
+                ranks: int | None, ids: IdAllocator, *, custom_calls: dict | None = None,
+                instruction_frames: bool = True) -> Problem:
+    """The Problem of a sequential and a distributed (SPMD, one program per rank)
+    HLO text file, paired by `frontends.hlo.pairing.pair_modules`: parameters
+    by number, outputs by position in the ENTRY root tuple. `ranks`: the
+    --ranks argument; else the spec's `ranks`; else the distributed module's
+    num_partitions * replica_count. `instruction_frames`: ops are located at
+    their instruction's line in the file first, then at the user frames of
+    their metadata (see hlo_to_graph)."""
+    from dlverify.frontends.hlo.pairing import pair_modules
+
+    seq_mod, dist_mod = read_hlo_module(seq_path), read_hlo_module(dist_path)
+    return pair_modules(seq_mod, dist_mod, ids, ranks=ranks, spec=spec,
+                        custom_calls=custom_calls, instruction_frames=instruction_frames,
+                        name=f"{Path(seq_path).name} vs {Path(dist_path).name}")
 
 
 def relate_elided_constants(problem: Problem) -> None:
@@ -145,7 +180,8 @@ def verify_dump(dump_dir: str | Path, engine: EngineName = "auto", window: int =
     expected output relations from the root sharding before optimisations
     (inferred from the views where there is none). Modules that were not
     partitioned (one device) are left out."""
-    from dlverify.frontends.hlo import parse_hlo_module, root_output_relations
+    from dlverify.frontends.hlo import root_output_relations
+    from dlverify.frontends.hlo.pairing import pair_modules
 
     registry = _registry(custom_calls)
     results = []
@@ -153,22 +189,15 @@ def verify_dump(dump_dir: str | Path, engine: EngineName = "auto", window: int =
         if mod.after is None:
             continue
         t0 = time.perf_counter()
-        head = mod.after.read_text(encoding="utf-8", errors="replace").split("\n", 1)[0]
-        parts = re.search(r"num_partitions=(\d+)", head)
-        replicas = re.search(r"replica_count=(\d+)", head)
-        n = (int(parts.group(1)) if parts else 1) * (int(replicas.group(1)) if replicas else 1)
+        dist_mod = read_hlo_module(mod.after)
+        n = (dist_mod.num_partitions or 1) * (dist_mod.replica_count or 1)
         if n <= 1:
             continue
-        problem = hlo_problem(mod.before, mod.after, None, None, IdAllocator(),
-                              custom_calls=registry)
-        problem.name = f"{mod.name} (before optimizations vs {mod.stage})"
-        seq_mod = parse_hlo_module(mod.before.read_text(encoding="utf-8"), str(mod.before))
-        outs = root_output_relations(seq_mod, n)
-        if len(outs) == len(problem.outputs):
-            for i, rel in enumerate(outs):
-                d_shape = problem.dist.tensors[problem.dist.outputs[i]].shape
-                if rel is not None and rel.dist_shape == d_shape:
-                    problem.outputs[i] = rel
+        seq_mod = read_hlo_module(mod.before)
+        problem = pair_modules(seq_mod, dist_mod, IdAllocator(), ranks=n,
+                               expected_outputs=root_output_relations(seq_mod, n),
+                               custom_calls=registry, instruction_frames=True,
+                               name=f"{mod.name} (before optimizations vs {mod.stage})")
         relate_elided_constants(problem)
         res = verify_problem(problem, engine=engine, window=window,
                              timings={"parse": time.perf_counter() - t0})

@@ -28,11 +28,10 @@ from typing import Any, Callable
 import numpy as np
 
 from dlverify.errors import InputError
-from dlverify.frontends.hlo import (HloModule, hlo_to_graph, parse_hlo_module,
-                                    root_output_relations)
-from dlverify.ir import IdAllocator, Mesh, Tensor
+from dlverify.frontends.hlo import HloModule, parse_hlo_module, root_output_relations
+from dlverify.frontends.hlo.pairing import ParamPolicy, pair_modules
+from dlverify.ir import IdAllocator
 from dlverify.problem import Problem
-from dlverify.relations import BlockRelation, replicated
 
 import jax
 import jax.extend.core as jcore
@@ -42,7 +41,6 @@ DUMP_OPTIONS = {
     "xla_dump_large_constants": True,
     "xla_enable_rgv3_materialization": False,
 }
-FLAT_AXIS = "_flat"
 
 
 def uses_shard_map(fn: Callable[..., Any], args: tuple[Any, ...]) -> bool:
@@ -146,55 +144,15 @@ def _fn_name(fn: Callable[..., Any]) -> str:
 def build_problem(seq_mod: HloModule, dist_mod: HloModule, pre_mod: HloModule | None,
                   kept: list[int], names: list[str], name: str = "") -> Problem:
     """Pair the one-device module (parameter i = flat argument i) with the
-    partitioned one (parameter j = flat argument kept[j])."""
-    ids = IdAllocator()
+    partitioned one (parameter j = flat argument kept[j]). The partitioned
+    parameters' shardings are the user's in_shardings: a parameter whose
+    sharding is not an even block is an error, never inferred from shapes."""
     n = (dist_mod.num_partitions or 1) * (dist_mod.replica_count or 1)
-    seq, seq_info = hlo_to_graph(seq_mod, ids, "sequential")
-    dist, dist_info = hlo_to_graph(dist_mod, ids, "distributed", ranks=n)
-    if len(seq_info.params) != len(names):
-        raise InputError(f"the sequential module has {len(seq_info.params)} parameters for "
-                         f"{len(names)} array arguments")
-    if len(dist_info.params) != len(kept):
-        raise InputError(f"the partitioned module has {len(dist_info.params)} parameters but the "
-                         f"jit kept {len(kept)} arguments")
-    by_arg = dict(zip(kept, dist_info.params))
-    inputs: list[BlockRelation] = []
-    dist_inputs: list[int] = []
-    for i, sp in enumerate(seq_info.params):
-        dp = by_arg.get(i)
-        if dp is None:  # unused by dist_fn: a replicated stand-in nothing reads
-            tid = ids()
-            dist.tensors[tid] = Tensor(tid, sp.shape, sp.dtype, names[i])
-            dist_inputs.append(tid)
-            inputs.append(replicated(sp.shape, n))
-            continue
-        rel = dp.relation
-        if rel is None and dp.sharding is None and n == 1:
-            rel = replicated(sp.shape, n)
-        if rel is None or rel.seq_shape != sp.shape or rel.dist_shape != dp.shape:
-            sh = dp.sharding.text if dp.sharding is not None else "none"
-            raise InputError(f"argument {names[i]}: the partitioned parameter {dp.name} "
-                             f"{list(dp.shape)} has sharding={sh}, which does not give each "
-                             f"device an even block of the {list(sp.shape)} argument",
-                             dist_mod.file, dp.line)
-        dist_inputs.append(dp.tensor)
-        inputs.append(rel)
-    dist.inputs = dist_inputs
-    seq.input_names = dist.input_names = list(names)
-    if len(seq.outputs) != len(dist.outputs):
-        raise InputError(f"seq_fn returns {len(seq.outputs)} arrays but dist_fn returns "
-                         f"{len(dist.outputs)}")
-    shapes = [seq.tensors[t].shape for t in seq.outputs]
-    outputs = root_output_relations(pre_mod, n) if pre_mod is not None else [None] * len(shapes)
-    if len(outputs) != len(shapes):
-        outputs = [None] * len(shapes)
-    for i, (rel, d) in enumerate(zip(outputs, dist.outputs)):
-        if rel is not None and rel.dist_shape != dist.tensors[d].shape:
-            raise InputError(f"output {i}: its sharding gives local shape {list(rel.dist_shape)} "
-                             f"but the partitioned module returns {list(dist.tensors[d].shape)}")
-    seq.output_names = dist.output_names = [f"out{i}" for i in range(len(seq.outputs))]
-    assumptions = list(dict.fromkeys(seq_info.assumptions + dist_info.assumptions))
-    return Problem(seq, dist, Mesh((FLAT_AXIS,), (n,)), inputs, outputs, ids, assumptions, name)
+    expected = root_output_relations(pre_mod, n) if pre_mod is not None else None
+    return pair_modules(seq_mod, dist_mod, IdAllocator(), ranks=n, dist_args=list(kept),
+                        input_names=list(names), expected_outputs=expected,
+                        policy=ParamPolicy(infer_from_shapes=False, sharding_is_assumption=False),
+                        name=name)
 
 
 __all__ = ["import_jax_compiled", "uses_shard_map", "build_problem", "DUMP_OPTIONS"]

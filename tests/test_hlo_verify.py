@@ -24,13 +24,13 @@ import dlverify  # noqa: E402
 from dlverify.errors import InputError  # noqa: E402
 from dlverify.frontends.jax_compiled import DUMP_OPTIONS  # noqa: E402
 from dlverify.api import verify_problem  # noqa: E402
-from dlverify.hlo_api import (dump_modules, relate_elided_constants, verify_dump,  # noqa: E402
+from dlverify.hlo_api import (dump_modules, hlo_problem, relate_elided_constants, verify_dump,  # noqa: E402
                               verify_hlo)
 from dlverify.ir import IdAllocator, Mesh  # noqa: E402
 from dlverify.numeric import partial_sum_errors, run_both, view_error  # noqa: E402
 from dlverify.outputs import infer_output_relation  # noqa: E402
 from dlverify.relations import BlockRelation, replicated  # noqa: E402
-from dlverify.spec import hlo_problem, load_spec  # noqa: E402
+from dlverify.spec import load_spec  # noqa: E402
 from dlverify.verdict import ViewFact  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"

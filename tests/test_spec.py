@@ -12,7 +12,8 @@ import pytest  # noqa: E402
 from dlverify.errors import InputError  # noqa: E402
 from dlverify.interpret import Interpreter  # noqa: E402
 from dlverify.ir import IdAllocator, Mesh  # noqa: E402
-from dlverify.spec import OutputSpec, ParamSpec, hlo_problem, load_spec, parse_spec  # noqa: E402
+from dlverify.hlo_api import hlo_problem  # noqa: E402
+from dlverify.spec import OutputSpec, ParamSpec, load_spec, parse_spec  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data" / "neuron_llama"
 TP1, TP2 = DATA / "tp1_layer1.hlo", DATA / "tp2_layer1.hlo"
