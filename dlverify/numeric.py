@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dlverify.interpret import Interpreter
+from dlverify.partial_tags import full_size
 from dlverify.problem import Problem
 from dlverify.verdict import ViewFact, scale_value
 
@@ -59,11 +60,9 @@ def view_error(run: Run, problem: Problem, v: ViewFact) -> float:
 
 
 def reduced_size(problem: Problem, op_id: int, axis: int) -> int:
-    """Size of reduced axis `axis` (the idx-th contracted or reduced dim) of a sequential op."""
-    op = next(o for o in problem.seq.ops if o.id == op_id)
-    shape = problem.seq.tensors[op.inputs[0]].shape
-    dims = op.params["lhs_contract"] if op.kind == "dot_general" else op.params["axes"]
-    return shape[dims[axis]]
+    """The number of terms of the partial-term family (op, axis): the size of a
+    reduced axis, or of a family of dlverify.partial_tags."""
+    return full_size(problem.seq, op_id, axis)
 
 
 def partial_sum_errors(run: Run, problem: Problem, views: list[ViewFact]) -> list[tuple[tuple, float]]:

@@ -137,6 +137,23 @@ SLICE_START = _rel("Slice_Start", "slice (unit strides) starts at `start` in dim
 DYNSLICE_START = _rel("DynSlice_Start", "dynamic_slice on rank r starts at `start` in dim i "
                       "(start operands folded to constants, clamped as XLA does).",
                       "op:OpId", "r:Rank", "i:number", "start:number")
+RESHAPE_CUT = _rel("Reshape_Cut", "Distributed reshape: its first i operand dims and its first j "
+                   "output dims have equal size products (a group may end there).",
+                   "op:OpId", "i:number", "j:number")
+RESHAPE_GROUP = _rel("Reshape_Group", "Sequential reshape, group g of n: operand dims [i0, i1) "
+                     "reshape to output dims [j0, j1) (its finest chain of cuts).",
+                     "op:OpId", "g:number", "i0:number", "i1:number", "j0:number", "j1:number",
+                     "n:number")
+RESHAPE_DIM = _rel("Reshape_Dim", "Sequential reshape: dim i of the operand (side 0) or output "
+                   "(side 1) is in group g with row-major stride `stride` inside the group; `prev` "
+                   "is the previous dim of the group with more than one element (-1: none).",
+                   "op:OpId", "side:number", "i:number", "g:number", "stride:number", "prev:number")
+PAD_DIM = _rel("Pad_Dim", "pad (no interior padding, none negative) adds lo elements before and "
+               "hi after dim i.", "op:OpId", "i:number", "lo:number", "hi:number")
+UPDATE_WINDOW = _rel("Update_Window", "Distributed dynamic_update_slice on rank r writes its update "
+                     "at `start` along dim k, the only dim where the update is smaller than the "
+                     "operand (starts folded to constants, clamped as XLA does).",
+                     "op:OpId", "r:Rank", "k:number", "start:number")
 CONCAT_DIM = _rel("Concat_Dim", "concatenate along dim k.", "op:OpId", "k:number")
 CONCAT_OFFSET = _rel("Concat_Offset", "Operand `pos` of concatenate starts at `off` along the "
                      "concat dim; n operands in all.", "op:OpId", "pos:number", "off:number",

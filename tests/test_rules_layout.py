@@ -122,9 +122,10 @@ def test_reshape_merging_a_sharded_minor_dim_moves_the_shard_boundary():
     out = t.run()
     assert out.views(fs, fd) == []
     assert out.views(gs, gd) == []
-    # the aligned split is sound but the size-1 head dim changes the reshape's grouping,
-    # so no rule matches it either (incomplete, not unsound)
-    assert out.views(hs, hd) == []
+    # the aligned split: the size-1 local head dim is free to join the split group
+    # (layout_algebra.dl), so rank r holds head r
+    for r in range(2):
+        assert vset(out, hs, hd, r) == {((0, r, 0), None, UNIT)}
 
 
 def test_reshape_of_an_unaligned_dist_block_has_no_view():

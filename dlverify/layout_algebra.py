@@ -1,0 +1,144 @@
+"""Facts for the layout algebra with free size-1 dims, pad and dynamic_update_slice.
+
+A reshape is row-major reinterpretation. Split its dims into consecutive groups
+whose size products agree on both sides (the *cuts* are the index pairs (i, j)
+where the prefix products of operand and output sizes are equal): the reshape
+acts on each group independently. A block of the operand maps to a block of the
+output when, in every group, the operand box and the output box are contiguous
+in row-major order (all dims before the first partially held one have size 1,
+all dims after it are whole): both then enumerate the same flat range.
+
+The sequential reshape fixes the groups (its finest chain of cuts, size-1 dims
+standing alone); the distributed reshape only has to have a cut wherever the
+sequential one ends a group. So a size-1 local dim (one KV head per rank) is
+free to sit in any group, and the two reshapes pair although their own
+groupings differ (datalog/layout_algebra.dl).
+
+Also exported here: pad configurations (datalog/padding.dl) and the per-rank
+window a dynamic_update_slice writes (datalog/update.dl).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+from typing import Any, Callable
+
+import numpy as np
+
+from dlverify import schema as S
+from dlverify.ir import Graph, Op
+from dlverify.passes import Folded
+
+_INT32 = 2 ** 31
+AddRow = Callable[..., None]
+
+
+@dataclass(frozen=True)
+class ReshapeGroup:
+    """Operand dims [i0, i1) reshape to output dims [j0, j1) (equal products)."""
+
+    i0: int
+    i1: int
+    j0: int
+    j1: int
+
+
+def reshape_cuts(src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[int, int]]:
+    """Index pairs (i, j) with prod(src[:i]) == prod(dst[:j])."""
+    out_at: dict[int, list[int]] = {}
+    p = 1
+    for j in range(len(dst) + 1):
+        out_at.setdefault(p, []).append(j)
+        if j < len(dst):
+            p *= dst[j]
+    cuts, p = [], 1
+    for i in range(len(src) + 1):
+        cuts += [(i, j) for j in out_at.get(p, [])]
+        if i < len(src):
+            p *= src[i]
+    return cuts
+
+
+def reshape_chain(src: tuple[int, ...], dst: tuple[int, ...]) -> list[ReshapeGroup] | None:
+    """The finest chain of cuts from (0, 0) to the end, as groups; None when the
+    sizes do not factor or a group holds 2^31 elements or more (flat offsets in
+    Datalog are 32-bit)."""
+    if prod(src) != prod(dst) or 0 in src:
+        return None
+    cuts = set(reshape_cuts(src, dst))
+    end = (len(src), len(dst))
+    at, groups = (0, 0), []
+    while at != end:
+        nxt = [c for c in cuts if c[0] >= at[0] and c[1] >= at[1] and c != at]
+        if not nxt:
+            return None
+        step = min(nxt, key=lambda c: (c[0] + c[1], c[0]))
+        g = ReshapeGroup(at[0], step[0], at[1], step[1])
+        if prod(src[g.i0:g.i1]) >= _INT32:
+            return None
+        groups.append(g)
+        at = step
+    return groups
+
+
+def reshape_rows(add: AddRow, op: Op, src: tuple[int, ...], dst: tuple[int, ...], dist: bool) -> None:
+    """Reshape_Cut for distributed reshapes; Reshape_Group and Reshape_Dim for
+    sequential ones (the groups the distributed reshape must respect)."""
+    if dist:
+        for i, j in reshape_cuts(src, dst):
+            add(S.RESHAPE_CUT, op.id, i, j)
+        return
+    groups = reshape_chain(src, dst)
+    if not groups:
+        return
+    for g, grp in enumerate(groups):
+        add(S.RESHAPE_GROUP, op.id, g, grp.i0, grp.i1, grp.j0, grp.j1, len(groups))
+        for side, (lo, hi, sizes) in enumerate(((grp.i0, grp.i1, src), (grp.j0, grp.j1, dst))):
+            prev = -1
+            for k in range(lo, hi):
+                stride = prod(sizes[k + 1:hi])
+                add(S.RESHAPE_DIM, op.id, side, k, g, stride, prev)
+                if sizes[k] > 1:
+                    prev = k
+
+
+def pad_rows(add: AddRow, op: Op) -> None:
+    """Pad_Dim rows when the padding is non-negative and has no interior padding."""
+    cfg = op.params.get("padding_config") or ()
+    if any(int(c[2]) != 0 or int(c[0]) < 0 or int(c[1]) < 0 for c in cfg):
+        return
+    for i, c in enumerate(cfg):
+        add(S.PAD_DIM, op.id, i, int(c[0]), int(c[1]))
+
+
+def update_rows(add: AddRow, g: Graph, op: Op, fold: Folded) -> None:
+    """Update_Window rows of a distributed dynamic_update_slice whose update is
+    smaller than the operand in exactly one dim, with starts known before run
+    time; starts are clamped into [0, dim - update size] as XLA does."""
+    z, u = g.tensors[op.inputs[0]].shape, g.tensors[op.inputs[1]].shape
+    starts = op.inputs[2:]
+    smaller = [k for k in range(len(z)) if u[k] < z[k]]
+    if len(smaller) != 1 or len(starts) != len(z) or not all(s in fold.small for s in starts):
+        return
+    k = smaller[0]
+    for r in range(fold.ranks):
+        raw = int(np.asarray(fold.small[starts[k]][r]).reshape(-1)[0])
+        add(S.UPDATE_WINDOW, op.id, r, k, min(max(raw, 0), z[k] - u[k]))
+
+
+def add_facts(add: AddRow, graph: Graph, fold: Folded, dist: bool) -> None:
+    """The facts of this module for every op of one program."""
+    for op in graph.ops:
+        shapes = [graph.tensors[i].shape for i in op.inputs]
+        if op.kind == "reshape":
+            reshape_rows(add, op, shapes[0], graph.tensors[op.output].shape, dist)
+        elif op.kind == "pad":
+            pad_rows(add, op)
+        elif op.kind == "dynamic_update_slice" and dist:
+            update_rows(add, graph, op, fold)
+
+
+def export_all(exporter: Any, seq: Graph, dist: Graph, seq_fold: Folded, dist_fold: Folded) -> None:
+    """Hook for dlverify.facts.export."""
+    add_facts(exporter.add, seq, seq_fold, dist=False)
+    add_facts(exporter.add, dist, dist_fold, dist=True)

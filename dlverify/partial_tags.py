@@ -1,0 +1,49 @@
+"""What the `axis` column of a partial tag [reducer, op, axis, lo, hi] names.
+
+A partial term is the sum over the index range [lo, hi) of a fixed family of
+terms F(0), ..., F(full-1) whose total is the sequential value; `op` and `axis`
+name the family, and members of a collective whose ranges tile [0, full)
+complete it. The families (datalog/partials.dl, datalog/update.dl):
+
+- axis < FLAT_BASE: reduced axis `axis` (the idx-th contracted or reduced dim)
+  of the reduction or dot_general `op`;
+- FLAT_BASE + 32*i + j: dot_general `op` with two partially held contracted
+  pairs, flattened row-major with pair i outer and pair j inner;
+- ADD_BASE + 32*a + b: add/sub `op` of two partial results, F(k) the sum (or
+  difference) of term k of its operand 0's producer (axis a) and of its
+  operand 1's producer (axis b), both with the same range size;
+- MASK_BASE + k: `op`'s output masked to index k along dim k of the tag
+  (the terms a dynamic_update_slice into zeros writes).
+"""
+from __future__ import annotations
+
+from dlverify.ir import Graph
+
+FLAT_BASE = 1000
+ADD_BASE = 2000
+MASK_BASE = 3000
+PAIR = 32   # axes encoded in pairs are below this
+
+
+def _op(graph: Graph, op_id: int):
+    return next(o for o in graph.ops if o.id == op_id)
+
+
+def _producer(graph: Graph, tensor: int):
+    return next(o for o in graph.ops if o.output == tensor)
+
+
+def full_size(seq: Graph, op_id: int, axis: int) -> int:
+    """The number of terms of the family (op, axis) of the sequential graph."""
+    op = _op(seq, op_id)
+    if axis >= MASK_BASE:
+        return seq.tensors[op.output].shape[axis - MASK_BASE]
+    if axis >= ADD_BASE:
+        a = (axis - ADD_BASE) // PAIR
+        return full_size(seq, _producer(seq, op.inputs[0]).id, a)
+    if axis >= FLAT_BASE:
+        i, j = divmod(axis - FLAT_BASE, PAIR)
+        return full_size(seq, op_id, i) * full_size(seq, op_id, j)
+    shape = seq.tensors[op.inputs[0]].shape
+    dims = op.params["lhs_contract"] if op.kind == "dot_general" else op.params["axes"]
+    return shape[dims[axis]]
