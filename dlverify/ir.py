@@ -1,9 +1,9 @@
 """The frontend-neutral graph every importer produces and the exporter reads.
 
 A `Graph` is a list of single-output `Op`s in topological order over `Tensor`s.
-Op kinds and their params are the canonical vocabulary listed in `OPS`: jaxpr
-primitives and HLO instructions are translated into it, so one rule set serves
-both frontends. Distributed programs are SPMD: one graph run by every rank of a
+Op kinds and their params are the canonical vocabulary listed in `OPS` (the
+op-kind table, dlverify/ops/table.py): jaxpr primitives and HLO instructions
+are translated into it, so one rule set serves both frontends. Distributed programs are SPMD: one graph run by every rank of a
 `Mesh`; rank-dependent values come only from `axis_index` ops (and the collective
 ops' groups), which later passes instantiate per rank.
 """
@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from dlverify.ops.dtypes import is_float_dtype  # noqa: F401 - part of the IR's interface
+from dlverify.ops.table import BINARY, KINDS, UNARY, Algebra, Family, kinds
 
 
 @dataclass(frozen=True)
@@ -120,12 +123,6 @@ class Graph:
         return {op.output: op for op in self.ops}
 
 
-def is_float_dtype(dtype: object) -> bool:
-    """Floating (or complex) element type, by name: covers bfloat16 and the float8
-    types, which numpy does not count as np.floating."""
-    return str(dtype).startswith(("float", "bfloat", "complex"))
-
-
 class IdAllocator:
     """Hands out the global integer ids of tensors and ops. Sequential and
     distributed graphs share one allocator so their ids never collide."""
@@ -138,35 +135,22 @@ class IdAllocator:
         return self._next
 
 
-# The canonical op vocabulary: kind -> params it carries. Frontends must map every
-# op they accept onto one of these; anything else is an UnknownOpError.
-ELEMENTWISE_NONLINEAR_UNARY = frozenset({
-    "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sqrt", "rsqrt", "cbrt",
-    "abs", "sign", "sin", "cos", "tan", "erf", "erfc", "erf_inv", "floor", "ceil", "round",
-    "not", "is_finite", "integer_pow", "square", "reciprocal", "asin", "acos", "atan",
-    "sinh", "cosh", "asinh", "acosh", "atanh", "lgamma", "digamma", "convert_to_int",
-    "convert_to_bool", "population_count", "clz", "imag", "real", "conj",
-})
-ELEMENTWISE_LINEAR_UNARY = frozenset({"neg"})
-ELEMENTWISE_NONLINEAR_BINARY = frozenset({
-    "max", "min", "pow", "atan2", "rem", "and", "or", "xor", "eq", "ne", "lt", "le", "gt",
-    "ge", "nextafter", "shift_left", "shift_right_logical", "shift_right_arithmetic",
-    "complex",
-})
-ELEMENTWISE_ADDSUB = frozenset({"add", "sub"})
-ELEMENTWISE_NARY = frozenset({"select_n", "clamp"})
-REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod",
-                        "reduce_and", "reduce_or", "reduce_xor", "argmax", "argmin"})
-COLLECTIVES = frozenset({"all_reduce", "all_gather", "reduce_scatter", "all_to_all",
-                         "collective_permute"})
-LAYOUT = frozenset({"broadcast_in_dim", "reshape", "transpose", "slice", "dynamic_slice",
-                    "concatenate", "pad", "rev", "dynamic_update_slice", "gather", "scatter_add",
-                    "scatter", "iota"})
-OTHER = frozenset({"dot_general", "constant", "axis_index", "mul", "div",
-                   "cumsum", "cumprod", "cummax", "cummin", "sort", "rng_bit_generator",
-                   "custom_call"})
-OPS = (ELEMENTWISE_NONLINEAR_UNARY | ELEMENTWISE_LINEAR_UNARY | ELEMENTWISE_NONLINEAR_BINARY
-       | ELEMENTWISE_ADDSUB | ELEMENTWISE_NARY | REDUCTIONS | COLLECTIVES | LAYOUT | OTHER)
+# The canonical op vocabulary, declared once in the op-kind table
+# (dlverify/ops/table.py): frontends must map every op they accept onto one of
+# these kinds; anything else is an UnknownOpError. The sets below name the
+# table's families and algebraic classes the rules and reports group kinds by.
+ELEMENTWISE_NONLINEAR_UNARY = kinds(Family.ELEMENTWISE, Algebra.NONLINEAR, UNARY)
+ELEMENTWISE_LINEAR_UNARY = kinds(Family.ELEMENTWISE, Algebra.LINEAR, UNARY)
+ELEMENTWISE_NONLINEAR_BINARY = kinds(Family.ELEMENTWISE, Algebra.NONLINEAR, BINARY)
+ELEMENTWISE_ADDSUB = kinds(Family.ELEMENTWISE, Algebra.LINEAR, BINARY)
+ELEMENTWISE_NARY = (kinds(Family.ELEMENTWISE) - kinds(Family.ELEMENTWISE, arity=UNARY)
+                    - kinds(Family.ELEMENTWISE, arity=BINARY))
+REDUCTIONS = kinds(Family.REDUCTION)
+COLLECTIVES = kinds(Family.COLLECTIVE)
+LAYOUT = kinds(Family.LAYOUT)
+OPS = frozenset(KINDS)
+OTHER = OPS - (ELEMENTWISE_NONLINEAR_UNARY | ELEMENTWISE_LINEAR_UNARY | ELEMENTWISE_NONLINEAR_BINARY
+               | ELEMENTWISE_ADDSUB | ELEMENTWISE_NARY | REDUCTIONS | COLLECTIVES | LAYOUT)
 
 
 class GraphBuilder:
