@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from dlverify import layout_algebra
 from dlverify import schema as S
 from dlverify.errors import InputError
 from dlverify.ir import Graph, Op
@@ -147,5 +148,6 @@ def export(problem: Problem, seq_fold: Folded, dist_fold: Folded) -> tuple[FactT
     ex.graph(problem.dist, dist=True)
     ex.boundary()
     ex.value_facts(seq_fold, dist_fold)
+    layout_algebra.export_all(ex, problem.seq, problem.dist, seq_fold, dist_fold)
     tables = {rel: sorted(set(ex.t.get(rel, []))) for rel in S.INPUTS}
     return tables, ex.values
