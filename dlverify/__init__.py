@@ -1,9 +1,19 @@
 """dlverify: prove a distributed ML program refines its sequential version.
 
-Importing this package does not import JAX (the CLI must set XLA_FLAGS first).
+Importing this package imports neither JAX nor the verifier (the CLI must set
+XLA_FLAGS first, and its parent process only supervises): the names below are
+loaded on first use.
 """
-from dlverify.api import verify_jax, verify_problem
 from dlverify.case import Case, case, host_mesh
-from dlverify.verdict import Failure, Result
 
 __all__ = ["Case", "case", "host_mesh", "verify_jax", "verify_problem", "Result", "Failure"]
+
+
+def __getattr__(name: str):
+    if name in ("verify_jax", "verify_problem"):
+        from dlverify import api
+        return getattr(api, name)
+    if name in ("Result", "Failure"):
+        from dlverify import verdict
+        return getattr(verdict, name)
+    raise AttributeError(f"module 'dlverify' has no attribute {name!r}")

@@ -10,6 +10,7 @@ from dlverify import schema as S
 from dlverify.diagnosis import Judge
 from dlverify.engine import EngineName, run_program
 from dlverify.engine.facts_io import write_facts_dir
+from dlverify.errors import InputError
 from dlverify.facts import export
 from dlverify.passes import fold, share_nullary
 from dlverify.problem import Problem
@@ -45,7 +46,13 @@ def _evaluate(problem: Problem, tables: dict, engine: EngineName, window: int,
 def verify_problem(problem: Problem, engine: EngineName = "auto",
                    keep_facts: Path | None = None,
                    timings: dict[str, float] | None = None,
-                   window: int = DEFAULT_WINDOW) -> Result:
+                   window: int = DEFAULT_WINDOW, reporter: Any = None) -> Result:
+    """`reporter` (dlverify.supervise.Reporter) is told the phases."""
+    def phase(name: str) -> None:
+        if reporter is not None:
+            reporter.phase(name)
+
+    phase("export")
     timings = dict(timings or {})
     t0 = time.perf_counter()
     rewrite(problem)
@@ -58,7 +65,9 @@ def verify_problem(problem: Problem, engine: EngineName = "auto",
     if keep_facts is not None:
         keep_facts.mkdir(parents=True, exist_ok=True)
     notes = [REAL_ARITHMETIC_NOTE]
+    phase("engine")
     res = _evaluate(problem, tables, engine, window, keep_facts)
+    phase("judge")
     t1 = time.perf_counter()
     judge = Judge(problem, res.relations)
     verified, outputs, failures = judge.judge()
@@ -72,7 +81,9 @@ def verify_problem(problem: Problem, engine: EngineName = "auto",
             # (micro-batches, partitioner-reordered modules) can keep a pair apart.
             # One fixpoint derives a superset of the segments' views: try it.
             timings["datalog_segmented"] = res.seconds
+            phase("engine")
             res = _evaluate(problem, tables, engine, size + 1, None)
+            phase("judge")
             t1 = time.perf_counter()
             judge = Judge(problem, res.relations)
             verified, outputs, failures = judge.judge()
@@ -89,18 +100,67 @@ def verify_problem(problem: Problem, engine: EngineName = "auto",
 
 def verify_jax(seq_fn: Callable[..., Any], dist_fn: Callable[..., Any], *args: Any,
                engine: EngineName = "auto", keep_facts: Path | None = None,
-               name: str = "", window: int = DEFAULT_WINDOW) -> Result:
+               name: str = "", window: int = DEFAULT_WINDOW, reporter: Any = None) -> Result:
     """Prove that `dist_fn` computes what `seq_fn` computes for all inputs of the
     shapes of `args` (arrays or jax.ShapeDtypeStructs). `dist_fn` is a shard_map
     program, or a `jax.jit(f, in_shardings=..., out_shardings=...)`: then its
-    SPMD-partitioned per-device HLO is verified (frontends/jax_compiled.py)."""
+    SPMD-partitioned per-device HLO is verified (frontends/jax_compiled.py).
+    `reporter` (dlverify.supervise.Reporter) is told the phases."""
     from dlverify.frontends.jax_compiled import import_jax_compiled, uses_shard_map
     from dlverify.frontends.jaxpr import import_jax  # imports jax: only when needed
 
+    check_args(args)
     t0 = time.perf_counter()
+    if reporter is not None:
+        reporter.phase("trace")
     if not uses_shard_map(dist_fn, tuple(args)):
+        if reporter is not None:
+            reporter.phase("compile")
         problem = import_jax_compiled(seq_fn, dist_fn, tuple(args), name=name)
+        _check_devices(problem)
         return verify_problem(problem, engine, keep_facts, {"compile": time.perf_counter() - t0},
-                              window)
+                              window, reporter=reporter)
     problem = import_jax(seq_fn, dist_fn, tuple(args), name=name)
-    return verify_problem(problem, engine, keep_facts, {"trace": time.perf_counter() - t0}, window)
+    _check_devices(problem)
+    return verify_problem(problem, engine, keep_facts, {"trace": time.perf_counter() - t0}, window,
+                          reporter=reporter)
+
+
+MAX_DIM = 2**31 - 1  # XLA's dimension sizes are int64, but nothing real is this big
+
+
+def check_args(args: tuple[Any, ...]) -> None:
+    """`args` must be arrays or jax.ShapeDtypeStructs (or pytrees of them, or
+    Python numbers) with dimensions in 0..2^31-1: InputError otherwise, instead
+    of a failure deep inside JAX."""
+    import jax
+
+    if not isinstance(args, (tuple, list)):
+        raise InputError(f"args must be a tuple of arrays or jax.ShapeDtypeStructs, not "
+                         f"{type(args).__name__}")
+    try:
+        leaves = jax.tree_util.tree_leaves(tuple(args))
+    except Exception as e:  # noqa: BLE001: a hostile container
+        raise InputError(f"args cannot be flattened: {type(e).__name__}: {e}") from None
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, (bool, int, float, complex)):
+            continue
+        shape, dtype = getattr(leaf, "shape", None), getattr(leaf, "dtype", None)
+        if dtype is None or not isinstance(shape, tuple):
+            raise InputError(f"args: argument {i} is a {type(leaf).__name__}, not an array or "
+                             "a jax.ShapeDtypeStruct")
+        bad = [d for d in shape if not isinstance(d, int) or not 0 <= d <= MAX_DIM]
+        if bad:
+            raise InputError(f"args: argument {i} has shape {shape}: every dimension must be an "
+                             f"integer in 0..{MAX_DIM}")
+
+
+def _check_devices(problem: Problem) -> None:
+    """A one-rank program verifies trivially: when JAX sees a single device, the
+    mesh the user asked for was most likely cut down to it."""
+    import jax
+
+    if problem.mesh.size <= 1 and jax.device_count() <= 1:
+        raise InputError("JAX sees only 1 device, so the distributed program runs on one rank "
+                         "and its verification would prove nothing: set XLA_FLAGS="
+                         "--xla_force_host_platform_device_count=8 before importing jax")

@@ -40,7 +40,8 @@ def host_mesh(shape: tuple[int, ...], names: tuple[str, ...]) -> Any:
     n = int(np.prod(shape))
     devices = jax.devices()
     if len(devices) < n:
-        raise RuntimeError(f"this case needs {n} devices but JAX sees {len(devices)}; set "
+        from dlverify.errors import InputError
+        raise InputError(f"this case needs {n} devices but JAX sees {len(devices)}; set "
                            "XLA_FLAGS=--xla_force_host_platform_device_count=8 before importing jax")
     return Mesh(np.array(devices[:n]).reshape(shape), names)
 

@@ -1,15 +1,28 @@
 """The `dlverify` command: parses arguments and calls the library, nothing else.
 
-Exit codes: 0 every verdict as expected, 1 otherwise, 2 bad input or usage,
-3 out of time or memory.
+Exit codes:
+  0  every verdict as expected (a case expecting a bug had it found);
+  1  some verdict is not what was expected (a mismatch);
+  2  the input could not be verified: bad input or usage (one line naming the
+     file and line), and also an internal error of dlverify, reported as one
+     line `error: internal error in <phase>: <type>: <message>` (a bug: please
+     report it; DLVERIFY_DEBUG=1 prints its traceback). Never a traceback else;
+  3  out of time (--timeout, for the whole run) or memory (--max-memory, for
+     each case or HLO pair).
+When several apply, the highest wins, except that 1 never hides 2 or 3.
+
+Every case (and every HLO pair or dump folder) runs in a supervised child
+process (dlverify/supervise.py): the limits hold in every phase, and a case
+that calls sys.exit, crashes or hangs is reported as such.
 """
 from __future__ import annotations
 
 import os
 import sys
-from contextlib import contextmanager
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Any, Callable, Optional
 
 import typer
 
@@ -22,13 +35,26 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Prove a distributed ML program computes what its sequential version computes.")
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            v = version("dlverify")
+        except PackageNotFoundError:
+            v = "unknown (not installed)"
+        typer.echo(f"dlverify {v}")
+        raise typer.Exit(EXIT_OK)
+
+
 @app.callback()
-def _root() -> None:
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="print the version and exit")) -> None:
     """Prove a distributed ML program computes what its sequential version computes."""
 
 
 def ensure_host_devices(n: int = HOST_DEVICES) -> None:
-    """Ask XLA for n host CPU devices; must run before JAX is imported."""
+    """Ask XLA for n host CPU devices; must run before JAX is imported (and
+    before the fork server of dlverify/supervise.py starts: it inherits this)."""
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_force_host_platform_device_count" not in flags:
         os.environ["XLA_FLAGS"] = (flags + f" --xla_force_host_platform_device_count={n}").strip()
@@ -37,6 +63,277 @@ def ensure_host_devices(n: int = HOST_DEVICES) -> None:
 def _fail_input(e: InputError) -> None:
     typer.echo(f"error: {e}", err=True)
     raise typer.Exit(EXIT_INPUT)
+
+
+# ---------------------------------------------------------------------------
+# checks made before anything runs: bad options exit 2 at once
+
+def _engine_ok(engine: str) -> None:
+    if engine not in ("auto", "clingo", "souffle"):
+        raise InputError(f"unknown engine {engine!r}: use auto, clingo or souffle")
+
+
+def _writable_file(path: Optional[Path], option: str) -> None:
+    """The file can be created or overwritten (tried, not guessed: root passes
+    every permission test but still cannot write under /proc)."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise InputError(f"{option}: is a directory, expected a file path", str(path))
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise InputError(f"{option}: the folder {parent} does not exist", str(path))
+    existed = path.exists()
+    try:
+        with open(path, "ab"):
+            pass
+    except OSError as e:
+        raise InputError(f"{option}: cannot write here: {e.strerror or e}", str(path)) from None
+    if not existed:
+        try:
+            path.unlink()
+        except OSError:
+            pass
+
+
+def _writable_dir(path: Optional[Path], option: str) -> None:
+    if path is None:
+        return
+    if path.exists() and not path.is_dir():
+        raise InputError(f"{option}: exists and is not a folder", str(path))
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".dlverify-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise InputError(f"{option}: cannot write here: {e.strerror or e}", str(path)) from None
+
+
+def _explain_ok(explain: Optional[str]) -> None:
+    if explain is None:
+        return
+    name, _, rank = explain.partition("@")
+    if not name or (rank and not rank.isdigit()) or ("@" in explain and not rank):
+        raise InputError(f"--explain {explain!r}: expected OUTPUT or OUTPUT@RANK, e.g. out0 or "
+                         "out0@1")
+
+
+@dataclass
+class _Options:
+    """The options every verification command shares, checked."""
+
+    json_out: bool
+    verbose: bool
+    timeout: Optional[float]
+    max_memory: Optional[int]
+    sarif: Optional[Path]
+    junit: Optional[Path]
+
+
+def _check_common(engine: str, timeout: Optional[float], max_memory: Optional[str],
+                  explain: Optional[str], outputs: dict[str, Optional[Path]],
+                  keep_facts: Optional[Path] = None) -> Optional[int]:
+    """Validate what is shared; returns the memory limit in bytes."""
+    from dlverify.supervise import check_seconds, parse_memory
+
+    _engine_ok(engine)
+    check_seconds(timeout)
+    memory = parse_memory(max_memory) if max_memory is not None else None
+    _explain_ok(explain)
+    for option, path in outputs.items():
+        _writable_file(path, option)
+    _writable_dir(keep_facts, "--keep-facts")
+    return memory
+
+
+# ---------------------------------------------------------------------------
+# running items under supervision, printing, the summary and the exit code
+
+@dataclass
+class _Errored:
+    """A case that ended without a verdict."""
+
+    name: str
+    file: str
+    text: str
+    seconds: float
+
+
+@dataclass
+class _Run:
+    """The state of one command's run: what finished, what failed, the exit code."""
+
+    opts: _Options
+    started: float = field(default_factory=time.monotonic)
+    outcomes: list = field(default_factory=list)
+    errors: int = 0
+    not_run: int = 0
+    code: int = EXIT_OK
+
+    @property
+    def deadline(self) -> Optional[float]:
+        return self.started + self.opts.timeout if self.opts.timeout else None
+
+    def limits(self):
+        from dlverify.supervise import Limits
+        return Limits(seconds=None, memory_bytes=self.opts.max_memory)
+
+    def supervise(self, task: Callable[..., Any], args: tuple, display) -> Any:
+        """Run one task in a child; returns its TaskOutcome."""
+        from dlverify.supervise import run_supervised
+        return run_supervised(task, args, self.limits(), deadline=self.deadline,
+                              on_event=display.event)
+
+    def failed(self, outcome, name: str, file: str) -> None:
+        """Report a task that did not produce a verdict; record it as an error case."""
+        if outcome.status == "input_error":
+            text = str(outcome.input_error())
+            self._raise_code(EXIT_INPUT)
+        elif outcome.status == "out_of_time":
+            text = (f"out of time: the run's limit of {self.opts.timeout:g} s was reached while in "
+                    f"phase {outcome.phase}" + (f" of {name}" if name else ""))
+            self._raise_code(EXIT_RESOURCES)
+        elif outcome.hit_limit:
+            text = f"{name}: {outcome.message}" if name else outcome.message
+            self._raise_code(EXIT_RESOURCES)
+        elif outcome.status == "crashed":
+            text = f"internal error in {outcome.phase}: {name}: {outcome.message}"
+            self._raise_code(EXIT_INPUT)
+        else:
+            text = outcome.message if not name else f"{outcome.message} (in {name})"
+            self._raise_code(EXIT_INPUT)
+        typer.echo(f"error: {text}", err=True)
+        if name:  # kept light: CaseOutcome (and the verifier) is imported only if reported
+            self.errors += 1
+            self.outcomes.append(_Errored(name, file, text, outcome.seconds))
+
+    def finished(self, outcome) -> None:
+        if not outcome.matches:
+            self._raise_code(EXIT_MISMATCH)
+        self.outcomes.append(outcome)
+
+    def _raise_code(self, code: int) -> None:
+        # 3 (limits) over 2 (input) over 1 (mismatch) over 0
+        self.code = max(self.code, code)
+
+    def print_lines(self, lines: list[str]) -> None:
+        if not self.opts.json_out:
+            for line in lines:
+                typer.echo(line)
+
+    def finish(self) -> None:
+        """The JSON report, SARIF and JUnit files, the summary line; then exit."""
+        if self.opts.json_out and self.outcomes:
+            from dlverify.reports.json_report import outcomes_json
+            typer.echo(outcomes_json(self._case_outcomes()))
+        try:
+            if self.opts.sarif is not None or self.opts.junit is not None:
+                from dlverify.artifacts import write_outputs
+                for note in write_outputs(self._case_outcomes(), sarif=self.opts.sarif,
+                                          junit=self.opts.junit):
+                    typer.echo(note, err=True)
+        except OSError as e:
+            typer.echo(f"error: writing a report failed: {e}", err=True)
+            self._raise_code(EXIT_INPUT)
+        if not self.opts.json_out and (self.outcomes or self.not_run):
+            typer.echo(self.summary())
+        raise typer.Exit(self.code)
+
+    def _case_outcomes(self) -> list:
+        from dlverify.verdict import CaseOutcome
+        return [CaseOutcome(o.name, o.file, "verified", None, error=o.text, seconds=o.seconds)
+                if isinstance(o, _Errored) else o for o in self.outcomes]
+
+    def summary(self) -> str:
+        status = ["error" if isinstance(o, _Errored) else o.status for o in self.outcomes]
+        n = len(self.outcomes) + self.not_run
+        text = (f"summary: {n} case{'s' if n != 1 else ''}: {status.count('ok')} verified, "
+                f"{status.count('expected')} bugs found as expected, "
+                f"{status.count('mismatch')} mismatches, {status.count('error')} errors")
+        if self.not_run:
+            text += f", {self.not_run} not run"
+        return text + f"; {time.monotonic() - self.started:.1f}s"
+
+
+class _Display:
+    """A progress line on a terminal (rich), for long runs: cases done, the
+    current case and its phase, segments within it. Silent under --json or
+    when stderr is not a terminal."""
+
+    def __init__(self, enabled: bool, total: int) -> None:
+        self.progress = None
+        self.total = total
+        if not enabled:
+            return
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(),
+                                 MofNCompleteColumn(), TimeElapsedColumn(),
+                                 console=Console(stderr=True), transient=True)
+        self.cases = self.progress.add_task("cases", total=total)
+        self.detail = self.progress.add_task("", total=None, visible=False)
+        self.name = ""
+
+    def __enter__(self) -> "_Display":
+        if self.progress is not None:
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+    def start(self, name: str) -> None:
+        self.name = name
+        if self.progress is not None:
+            self.progress.update(self.cases, description=f"{name}")
+            self.progress.update(self.detail, visible=False)
+
+    def done(self) -> None:
+        if self.progress is not None:
+            self.progress.advance(self.cases)
+
+    def event(self, ev) -> None:
+        if self.progress is None:
+            return
+        if ev.kind == "phase":
+            self.progress.update(self.cases, description=f"{self.name} ({ev.phase})")
+        elif ev.kind == "progress":
+            self.progress.update(self.detail, description=f"  {ev.phase}", completed=ev.done,
+                                 total=ev.total, visible=True)
+
+
+def _display_enabled(json_out: bool) -> bool:
+    return not json_out and sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
+
+
+def _run_command(body: Callable[[], None]) -> None:
+    """Bad options exit 2 with one line; anything unexpected becomes one
+    'internal error' line, never a traceback."""
+    try:
+        body()
+    except typer.Exit:
+        raise
+    except InputError as e:
+        _fail_input(e)
+    except KeyboardInterrupt:
+        typer.echo("error: interrupted", err=True)
+        raise typer.Exit(130)
+    except MemoryError:
+        typer.echo("error: out of memory", err=True)
+        raise typer.Exit(EXIT_RESOURCES)
+    except Exception as e:  # noqa: BLE001: the promise is one line, never a traceback
+        if os.environ.get("DLVERIFY_DEBUG"):
+            raise
+        text = " ".join(str(e).split())[:500]
+        typer.echo(f"error: internal error in cli: {type(e).__name__}: {text}", err=True)
+        raise typer.Exit(EXIT_INPUT)
+
+
+TIMEOUT_HELP = "seconds for the whole run (exit 3 when exceeded)"
+MEMORY_HELP = "memory for each case or HLO pair, e.g. 4G or 512M (exit 3 when exceeded)"
 
 
 @app.command("check-jax")
@@ -51,83 +348,63 @@ def check_jax(
     witness: bool = typer.Option(False, "--witness", help="run both programs on random inputs and report the differences"),
     sarif: Optional[Path] = typer.Option(None, "--sarif", help="write a SARIF 2.1.0 log of the failures"),
     junit: Optional[Path] = typer.Option(None, "--junit", help="write JUnit XML, one testcase per case"),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help="seconds for the whole run (exit 3 when exceeded)"),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help=TIMEOUT_HELP),
+    max_memory: Optional[str] = typer.Option(None, "--max-memory", help=MEMORY_HELP),
 ) -> None:
     """Verify the @dlverify.case functions of a Python file."""
-    _engine_ok(engine)
+    def body() -> None:
+        from dlverify.tasks import CaseJob, Extras, list_cases_task, run_case_task, split_target
+
+        memory = _check_common(engine, timeout, max_memory, explain,
+                               {"--sarif": sarif, "--junit": junit, "--graph": graph}, keep_facts)
+        ensure_host_devices()
+        run = _Run(_Options(json_out, verbose, timeout, memory, sarif, junit))
+        path, name = split_target(target)
+        with _Display(False, 0) as quiet:
+            listed = run.supervise(list_cases_task, (path, name), quiet)
+        if not listed.ok:
+            run.failed(listed, "", str(path))
+            run.finish()
+        names = listed.value
+        with _Display(_display_enabled(json_out) and len(names) > 1, len(names)) as display:
+            for i, case_name in enumerate(names):
+                one_graph = graph if graph is None or len(names) == 1 \
+                    else graph.with_name(f"{graph.stem}.{case_name}{graph.suffix}")
+                job = CaseJob(path, case_name, engine, keep_facts,
+                              Extras(explain, witness, one_graph, verbose))
+                display.start(case_name)
+                got = run.supervise(run_case_task, (job,), display)
+                display.done()
+                if got.ok:
+                    run.print_lines(got.value.lines)
+                    run.finished(got.value.outcome)
+                    continue
+                run.failed(got, case_name, str(path))
+                if got.status == "out_of_time":  # the run's time is up: nothing else runs
+                    run.not_run = len(names) - i - 1
+                    break
+        run.finish()
+
+    _run_command(body)
+
+
+def _run_hlo(job, opts: _Options) -> None:
+    """Verify an HLO pair or a dump folder in a child; print; exit."""
+    from dlverify.tasks import run_hlo_task
+
     ensure_host_devices()
-    from dlverify.artifacts import case_extras, write_outputs
-    from dlverify.cases import load_cases, run_case, split_target
-    from dlverify.reports.json_report import outcomes_json
-    from dlverify.reports.text import outcome_text
-
-    path, name = split_target(target)
-    outcomes = []
-    with _guarded(timeout):
-        cases = load_cases(path, name)
-        for case_name, fn in cases:
-            o = run_case(path, case_name, fn, engine, keep_facts)
-            one_graph = graph if graph is None or len(cases) == 1 \
-                else graph.with_name(f"{graph.stem}.{case_name}{graph.suffix}")
-            extra = case_extras(o, explain=explain, witness=witness, graph=one_graph)
-            outcomes.append(o)
-            if not json_out:
-                for line in outcome_text(o, verbose) + extra:
-                    typer.echo(line)
-    if json_out:
-        typer.echo(outcomes_json(outcomes))
-    for note in write_outputs(outcomes, sarif=sarif, junit=junit):
-        typer.echo(note, err=True)
-    raise typer.Exit(EXIT_OK if all(o.matches for o in outcomes) else EXIT_MISMATCH)
-
-
-@contextmanager
-def _guarded(timeout: Optional[float]) -> Iterator[None]:
-    """Run the body under the time limit; bad input exits 2, time or memory 3."""
-    from dlverify.limits import OutOfTime, time_limit
-
-    try:
-        with time_limit(timeout):
-            yield
-    except InputError as e:
-        _fail_input(e)
-    except OutOfTime as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(EXIT_RESOURCES)
-    except MemoryError:
-        typer.echo("error: out of memory", err=True)
-        raise typer.Exit(EXIT_RESOURCES)
-
-
-def _engine_ok(engine: str) -> None:
-    if engine not in ("auto", "clingo", "souffle"):
-        _fail_input(InputError(f"unknown engine {engine!r}: use auto, clingo or souffle"))
-
-
-def _run_hlo(job, json_out: bool, verbose: bool, timeout: Optional[float],
-             explain: Optional[str] = None, witness: bool = False, graph: Optional[Path] = None,
-             sarif: Optional[Path] = None, junit: Optional[Path] = None) -> None:
-    """Run `job()` -> [(name, file, Result, seconds)], print, exit 0/1 (2, 3 on errors)."""
-    from dlverify.artifacts import case_extras, write_outputs
-    from dlverify.verdict import CaseOutcome
-    from dlverify.hlo_api import result_lines, results_json
-
-    with _guarded(timeout):
-        items = job()
-        outcomes = [CaseOutcome(name, file, "verified", res, seconds=secs)
-                    for name, file, res, secs in items]
-        for o, (name, _file, res, secs) in zip(outcomes, items):
-            one_graph = graph if graph is None or len(items) == 1 \
-                else graph.with_name(f"{graph.stem}.{len(outcomes)}{graph.suffix}")
-            extra = case_extras(o, explain=explain, witness=witness, graph=one_graph)
-            if not json_out:
-                for line in result_lines(name, res, secs, verbose) + extra:
-                    typer.echo(line)
-    if json_out:
-        typer.echo(results_json(items))
-    for note in write_outputs(outcomes, sarif=sarif, junit=junit):
-        typer.echo(note, err=True)
-    raise typer.Exit(EXIT_OK if all(res.verified for _, _, res, _ in items) else EXIT_MISMATCH)
+    run = _Run(opts)
+    with _Display(_display_enabled(opts.json_out), 1) as display:
+        display.start(str(job.dump_dir or job.dist))
+        got = run.supervise(run_hlo_task, (job,), display)
+    if got.ok:
+        for item in got.value:
+            run.print_lines(item.lines)
+            run.finished(item.outcome)
+    else:
+        name = f"{job.seq.name} vs {job.dist.name}" if job.dump_dir is None else ""
+        run.failed(got, name, str(job.dist or job.dump_dir))
+    run.finish()
 
 
 @app.command("check")
@@ -135,32 +412,39 @@ def check_hlo(
     seq: Path = typer.Argument(..., help="the sequential HLO text module"),
     dist: Path = typer.Argument(..., help="the distributed (SPMD, per-rank) HLO text module"),
     ranks: Optional[int] = typer.Option(None, "--ranks", help="number of ranks (default: the spec's ranks, else num_partitions * replica_count)"),
-    spec: Optional[Path] = typer.Option(None, "--spec", help="relation spec TOML ([params], optional [outputs])"),
+    spec: Optional[Path] = typer.Option(None, "--spec", help="relation spec (TOML): [params] relates each input, optional [outputs] gives the expected output relations"),
     custom_calls: Optional[Path] = typer.Option(None, "--custom-calls", help="custom-call registry TOML merged over the built-in one"),
     json_out: bool = typer.Option(False, "--json", help="print the versioned JSON report"),
     engine: str = typer.Option("auto", help="auto | clingo | souffle"),
+    keep_facts: Optional[Path] = typer.Option(None, "--keep-facts", help="keep the fact tables (TSV) under DIR"),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="all failures, notes, timings"),
     explain: Optional[str] = typer.Option(None, "--explain", help="derivation of OUTPUT (e.g. out0 or out0@1 for rank 1)"),
     witness: bool = typer.Option(False, "--witness", help="run both modules on random inputs (IR interpreter) and report the differences"),
     graph: Optional[Path] = typer.Option(None, "--graph", help="write the failing subgraph (.dot, or .svg with Graphviz)"),
     sarif: Optional[Path] = typer.Option(None, "--sarif", help="write a SARIF 2.1.0 log of the failures"),
     junit: Optional[Path] = typer.Option(None, "--junit", help="write JUnit XML, one testcase per module pair"),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help="seconds for the whole run (exit 3 when exceeded)"),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help=TIMEOUT_HELP),
+    max_memory: Optional[str] = typer.Option(None, "--max-memory", help=MEMORY_HELP),
 ) -> None:
     """Verify a distributed HLO module against a sequential one."""
-    _engine_ok(engine)
-    if ranks is not None and ranks < 1:
-        _fail_input(InputError(f"--ranks must be positive, got {ranks}"))
+    def body() -> None:
+        from dlverify.tasks import Extras, HloJob
 
-    def job():
-        import time
+        memory = _check_common(engine, timeout, max_memory, explain,
+                               {"--sarif": sarif, "--junit": junit, "--graph": graph}, keep_facts)
+        if ranks is not None and not 1 <= ranks <= 65536:
+            raise InputError(f"--ranks {ranks}: the supported range is 1..65536")
+        for label, p in (("sequential module", seq), ("distributed module", dist),
+                         ("--spec", spec), ("--custom-calls", custom_calls)):
+            if p is not None and not p.is_file():
+                raise InputError(f"{label}: {'not a file' if p.exists() else 'no such file'}",
+                                 str(p))
+        job = HloJob(seq=seq, dist=dist, spec=spec, ranks=ranks, engine=engine,
+                     custom_calls=custom_calls, keep_facts=keep_facts,
+                     extras=Extras(explain, witness, graph, verbose))
+        _run_hlo(job, _Options(json_out, verbose, timeout, memory, sarif, junit))
 
-        from dlverify.hlo_api import verify_hlo
-        t0 = time.perf_counter()
-        res = verify_hlo(seq, dist, spec, ranks=ranks, engine=engine, custom_calls=custom_calls)
-        return [(f"{seq.name} vs {dist.name}", str(dist), res, time.perf_counter() - t0)]
-
-    _run_hlo(job, json_out, verbose, timeout, explain, witness, graph, sarif, junit)
+    _run_command(body)
 
 
 @app.command("check-dump")
@@ -172,32 +456,50 @@ def check_dump(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="all failures, notes, timings"),
     explain: Optional[str] = typer.Option(None, "--explain", help="derivation of OUTPUT (e.g. out0 or out0@1 for rank 1)"),
     witness: bool = typer.Option(False, "--witness", help="run both modules on random inputs (IR interpreter) and report the differences"),
-    graph: Optional[Path] = typer.Option(None, "--graph", help="write the failing subgraph (.dot, or .svg with Graphviz)"),
+    graph: Optional[Path] = typer.Option(None, "--graph", help="write the failing subgraphs (.dot, or .svg with Graphviz): NAME.<module>.dot, one file per module"),
     sarif: Optional[Path] = typer.Option(None, "--sarif", help="write a SARIF 2.1.0 log of the failures"),
     junit: Optional[Path] = typer.Option(None, "--junit", help="write JUnit XML, one testcase per module pair"),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help="seconds for the whole run (exit 3 when exceeded)"),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help=TIMEOUT_HELP),
+    max_memory: Optional[str] = typer.Option(None, "--max-memory", help=MEMORY_HELP),
 ) -> None:
     """Verify every SPMD-partitioned module of an XLA dump folder (before
     optimisations vs after SPMD partitioning, else after optimisations)."""
-    _engine_ok(engine)
+    def body() -> None:
+        from dlverify.tasks import Extras, HloJob
 
-    def job():
-        import time
+        memory = _check_common(engine, timeout, max_memory, explain,
+                               {"--sarif": sarif, "--junit": junit, "--graph": graph})
+        if not dump_dir.is_dir():
+            raise InputError("not a directory (expected an XLA dump folder written with "
+                             "--xla_dump_to)", str(dump_dir))
+        if custom_calls is not None and not custom_calls.is_file():
+            raise InputError("--custom-calls: no such file", str(custom_calls))
+        job = HloJob(dump_dir=dump_dir, engine=engine, custom_calls=custom_calls,
+                     extras=Extras(explain, witness, graph, verbose))
+        _run_hlo(job, _Options(json_out, verbose, timeout, memory, sarif, junit))
 
-        from dlverify.hlo_api import verify_dump
-        t0 = time.perf_counter()
-        out = verify_dump(dump_dir, engine=engine, custom_calls=custom_calls)
-        secs = (time.perf_counter() - t0) / max(1, len(out))
-        return [(res.name or name, name, res, secs) for name, res in out]
-
-    _run_hlo(job, json_out, verbose, timeout, explain, witness, graph, sarif, junit)
+    _run_command(body)
 
 
 def main() -> None:
+    code = 0
     try:
         app()
     except KeyboardInterrupt:
-        sys.exit(130)
+        code = 130
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        from dlverify.supervise import shutdown
+        shutdown()
+    # Everything is written: skip the interpreter's teardown (half a second
+    # under load, counted against --timeout by whoever waits for us).
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            code = code or EXIT_INPUT
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -56,7 +56,8 @@ def write_case(tmp_path: Path, body: str, name: str = "cases.py") -> tuple[Path,
 
 def status_lines(stdout: str) -> list[str]:
     """The one line per case (detail lines are indented)."""
-    return [line for line in stdout.splitlines() if line and not line.startswith(" ")]
+    return [line for line in stdout.splitlines()
+            if line and not line.startswith(" ") and not line.startswith("summary: ")]
 
 
 def one_error_line(res) -> str:

@@ -1,0 +1,144 @@
+"""The units of work the CLI runs in supervised child processes
+(dlverify/supervise.py): list the cases of a file, verify one case, verify
+an HLO pair or an XLA dump folder. Each does every phase of its item (import,
+trace or parse, engine, report: the text and the extras asked for) inside the
+child, so that the limits hold in all of them, and returns a picklable value
+without the problem graphs (large; only the extras need them)."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dlverify.errors import InputError
+from dlverify.supervise import NULL_REPORTER, Reporter
+
+if TYPE_CHECKING:  # the CLI's parent process imports this module: keep it light
+    from dlverify.verdict import CaseOutcome
+
+
+@dataclass(frozen=True)
+class Extras:
+    """The optional products asked for on the command line, made per item."""
+
+    explain: str | None = None
+    witness: bool = False
+    graph: Path | None = None
+    verbose: bool = False
+
+
+@dataclass(frozen=True)
+class CaseJob:
+    """One case of a case file to verify."""
+
+    path: Path
+    name: str
+    engine: str = "auto"
+    keep_facts: Path | None = None
+    extras: Extras = Extras()
+
+
+@dataclass(frozen=True)
+class HloJob:
+    """An HLO pair (`dump_dir` None) or every partitioned module of a dump folder."""
+
+    seq: Path | None = None
+    dist: Path | None = None
+    spec: Path | None = None
+    ranks: int | None = None
+    dump_dir: Path | None = None
+    engine: str = "auto"
+    custom_calls: Path | None = None
+    keep_facts: Path | None = None
+    extras: Extras = Extras()
+
+
+@dataclass
+class ItemRun:
+    """One verified item: its outcome and the lines the text report prints for it."""
+
+    outcome: CaseOutcome
+    lines: list[str] = field(default_factory=list)
+
+
+def split_target(target: str) -> tuple[Path, str | None]:
+    """`PATH.py` or `PATH.py::NAME`."""
+    path, _, name = target.partition("::")
+    return Path(path), (name or None)
+
+
+def list_cases_task(path: Path, name: str | None, reporter: Reporter = NULL_REPORTER) -> list[str]:
+    """The names of the cases of a file (importing it runs the user's code)."""
+    from dlverify.cases import load_cases
+
+    reporter.phase("import")
+    return [n for n, _ in load_cases(path, name)]
+
+
+def run_case_task(job: CaseJob, reporter: Reporter = NULL_REPORTER) -> ItemRun:
+    """Import the case file, verify one case, render it and its extras."""
+    from dlverify.cases import load_cases, run_case
+    from dlverify.reports.text import outcome_text
+
+    reporter.phase("import")
+    fn = dict(load_cases(job.path, job.name))[job.name]
+    o = run_case(job.path, job.name, fn, job.engine, job.keep_facts, reporter)
+    reporter.phase("report")
+    lines = outcome_text(o, job.extras.verbose) + _extras(o, job.extras)
+    return ItemRun(_light(o), lines)
+
+
+def run_hlo_task(job: HloJob, reporter: Reporter = NULL_REPORTER) -> list[ItemRun]:
+    """Verify an HLO pair, or each partitioned module of a dump folder; render them."""
+    from dlverify.hlo_api import result_lines, verify_dump, verify_hlo
+    from dlverify.verdict import CaseOutcome
+
+    reporter.phase("parse")
+    t0 = time.perf_counter()
+    if job.dump_dir is None:
+        assert job.seq is not None and job.dist is not None
+        res = verify_hlo(job.seq, job.dist, job.spec, ranks=job.ranks, engine=job.engine,
+                         custom_calls=job.custom_calls, keep_facts=job.keep_facts)
+        items = [(f"{job.seq.name} vs {job.dist.name}", str(job.dist), res,
+                  time.perf_counter() - t0)]
+    else:
+        out = verify_dump(job.dump_dir, engine=job.engine, custom_calls=job.custom_calls)
+        secs = (time.perf_counter() - t0) / max(1, len(out))
+        items = [(res.name or name, name, res, secs) for name, res in out]
+    reporter.phase("report")
+    runs = []
+    for i, (name, file, res, secs) in enumerate(items):
+        o = CaseOutcome(name, file, "verified", res, seconds=secs)
+        extras = job.extras
+        if extras.graph is not None and len(items) > 1:  # one file per module
+            g = extras.graph
+            extras = Extras(extras.explain, extras.witness,
+                            g.with_name(f"{g.stem}.{_file_safe(file) or i}{g.suffix}"),
+                            extras.verbose)
+        lines = result_lines(name, res, secs, extras.verbose) + _extras(o, extras)
+        runs.append(ItemRun(_light(o), lines))
+    return runs
+
+
+def _file_safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in text)[:120]
+
+
+def _extras(o: CaseOutcome, extras: Extras) -> list[str]:
+    from dlverify.artifacts import case_extras, parse_explain_target
+
+    if extras.explain and o.result is not None and o.result.problem is not None:
+        _name, rank = parse_explain_target(extras.explain)
+        ranks = o.result.problem.mesh.size
+        if rank >= ranks:
+            raise InputError(f"--explain {extras.explain!r}: rank {rank} does not exist, the "
+                             f"distributed program has ranks 0..{ranks - 1}")
+    return case_extras(o, explain=extras.explain, witness=extras.witness, graph=extras.graph)
+
+
+def _light(o: CaseOutcome) -> CaseOutcome:
+    """The outcome without its problem graphs, which the parent does not need."""
+    if o.result is not None:
+        o.result.problem = None
+    return o
