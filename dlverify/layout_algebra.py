@@ -112,12 +112,14 @@ def pad_rows(add: AddRow, op: Op) -> None:
 
 
 def update_rows(add: AddRow, g: Graph, op: Op, fold: Folded) -> None:
-    """Update_Window rows of a distributed dynamic_update_slice whose update is
+    """Update_Window rows of a dynamic_update_slice whose update is
     smaller than the operand in exactly one dim, with starts known before run
     time; starts are clamped into [0, dim - update size] as XLA does."""
     z, u = g.tensors[op.inputs[0]].shape, g.tensors[op.inputs[1]].shape
     starts = op.inputs[2:]
     smaller = [k for k in range(len(z)) if u[k] < z[k]]
+    if tuple(u) == tuple(z):
+        add(S.UPDATE_WHOLE, op.id)
     if len(smaller) != 1 or len(starts) != len(z) or not all(s in fold.small for s in starts):
         return
     k = smaller[0]
@@ -134,7 +136,7 @@ def add_facts(add: AddRow, graph: Graph, fold: Folded, dist: bool) -> None:
             reshape_rows(add, op, shapes[0], graph.tensors[op.output].shape, dist)
         elif op.kind == "pad":
             pad_rows(add, op)
-        elif op.kind == "dynamic_update_slice" and dist:
+        elif op.kind == "dynamic_update_slice":
             update_rows(add, graph, op, fold)
 
 

@@ -12,8 +12,11 @@ complete it. The families (datalog/partials.dl, datalog/update.dl):
 - ADD_BASE + 32*a + b: add/sub `op` of two partial results, F(k) the sum (or
   difference) of term k of its operand 0's producer (axis a) and of its
   operand 1's producer (axis b), both with the same range size;
-- MASK_BASE + k: `op`'s output masked to index k along dim k of the tag
-  (the terms a dynamic_update_slice into zeros writes).
+- MASK_BASE + k: F(i) is `op`'s output masked to its index i along dim k
+  (the terms a dynamic_update_slice into zeros writes);
+- WINDOW_BASE + k: `op` is a sequential dynamic_update_slice into zeros writing
+  at `start` along k; F(i), i below the update's size, is its output masked to
+  index start + i along k.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from dlverify.ir import Graph
 FLAT_BASE = 1000
 ADD_BASE = 2000
 MASK_BASE = 3000
+WINDOW_BASE = 4000
 PAIR = 32   # axes encoded in pairs are below this
 
 
@@ -36,6 +40,8 @@ def _producer(graph: Graph, tensor: int):
 def full_size(seq: Graph, op_id: int, axis: int) -> int:
     """The number of terms of the family (op, axis) of the sequential graph."""
     op = _op(seq, op_id)
+    if axis >= WINDOW_BASE:
+        return seq.tensors[op.inputs[1]].shape[axis - WINDOW_BASE]
     if axis >= MASK_BASE:
         return seq.tensors[op.output].shape[axis - MASK_BASE]
     if axis >= ADD_BASE:

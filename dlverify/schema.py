@@ -150,7 +150,9 @@ RESHAPE_DIM = _rel("Reshape_Dim", "Sequential reshape: dim i of the operand (sid
                    "op:OpId", "side:number", "i:number", "g:number", "stride:number", "prev:number")
 PAD_DIM = _rel("Pad_Dim", "pad (no interior padding, none negative) adds lo elements before and "
                "hi after dim i.", "op:OpId", "i:number", "lo:number", "hi:number")
-UPDATE_WINDOW = _rel("Update_Window", "Distributed dynamic_update_slice on rank r writes its update "
+UPDATE_WHOLE = _rel("Update_Whole", "dynamic_update_slice whose update has the operand's shape: "
+                    "the start is clamped to 0, so the result is the update.", "op:OpId")
+UPDATE_WINDOW = _rel("Update_Window", "dynamic_update_slice on rank r (0: sequential) writes its update "
                      "at `start` along dim k, the only dim where the update is smaller than the "
                      "operand (starts folded to constants, clamped as XLA does).",
                      "op:OpId", "r:Rank", "k:number", "start:number")
