@@ -405,7 +405,7 @@ def run(graph, inputs, ranks=1):
 def test_bitcast_follows_layouts_and_copy_is_identity():
     text = """HloModule m
 
-ENTRY %main (p: f32[2,3]) -> (f32[3,2], f32[6], f32[2,3]) {
+ENTRY %main (p: f32[2,3]) -> (f32[2,3], f32[6], f32[2,3]) {
   %p = f32[2,3]{1,0} parameter(0)
   %t = f32[3,2]{0,1} transpose(%p), dimensions={1,0}
   %b = f32[2,3]{1,0} bitcast(%t)
@@ -413,7 +413,7 @@ ENTRY %main (p: f32[2,3]) -> (f32[3,2], f32[6], f32[2,3]) {
   %f = f32[6]{0} bitcast(%c)
   %g = f32[6]{0} bitcast(%p)
   %h = f32[2,3]{0,1} bitcast(%g)
-  ROOT %r = (f32[3,2]{1,0}, f32[6]{0}, f32[2,3]{0,1}) tuple(%b, %f, %h)
+  ROOT %r = (f32[2,3]{1,0}, f32[6]{0}, f32[2,3]{0,1}) tuple(%b, %f, %h)
 }
 """
     g, _ = lower_text(text)

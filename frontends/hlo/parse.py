@@ -16,12 +16,33 @@ import functools
 import re
 from typing import Any, Callable
 
+from dlverify.frontends.hlo.model import (
+    CALL_ATTRS,
+    DTYPES,
+    KNOWN_OPCODES,
+    MAX_DIM,
+    MAX_ELEMENTS,
+    MAX_RANKS,
+    MAX_TUPLE_DEPTH,
+    FrameTables,
+    HloComputation,
+    HloInstruction,
+    HloModule,
+    HloShape,
+)
+from dlverify.frontends.hlo.text import (
+    ATTR_KEY,
+    DTYPE_TOKEN,
+    NAME,
+    OPCODE_TOKEN,
+    Cursor,
+    split_top,
+    strip_comments_and_depth,
+    unescape,
+)
+from dlverify.frontends.hlo.validate import validate_module
+
 from dlverify.errors import InputError, UnknownOpError
-from dlverify.frontends.hlo.model import (CALL_ATTRS, DTYPES, KNOWN_OPCODES, MAX_DIM,
-                                          MAX_ELEMENTS, MAX_TUPLE_DEPTH, FrameTables,
-                                          HloComputation, HloInstruction, HloModule, HloShape)
-from dlverify.frontends.hlo.text import (ATTR_KEY, DTYPE_TOKEN, NAME, OPCODE_TOKEN, Cursor,
-                                         split_top, strip_comments_and_depth, unescape)
 
 
 def parse_shape(c: Cursor) -> HloShape:
@@ -351,5 +372,25 @@ def parse_hlo_module(text: str, file: str) -> HloModule:
                     raise InputError(f"instruction {ins.name} calls computation %{callee}, which is "
                                      f"not defined", file, ins.line)
     entry = comps[entry_name]
-    return HloModule(mname.lstrip("%"), file, attrs, comps, entry, tables)
+    module = HloModule(mname.lstrip("%"), file, attrs, comps, entry, tables)
+    _check_rank_counts(module, header_line)
+    validate_module(module)
+    return module
+
+
+def _check_rank_counts(module: HloModule, line: int) -> None:
+    """num_partitions and replica_count are positive and their product is at
+    most MAX_RANKS (every rank's groups and blocks are materialised)."""
+    total = 1
+    for key in ("num_partitions", "replica_count"):
+        text = module.attrs.get(key)
+        if text is None:
+            continue
+        if not re.fullmatch(r"\s*\d{1,12}\s*", text) or int(text) < 1:
+            raise InputError(f"{key}={text.strip()[:40]} is not a positive integer", module.file,
+                             line)
+        total *= int(text)
+    if total > MAX_RANKS:
+        raise InputError(f"num_partitions * replica_count = {total} ranks: the supported maximum "
+                         f"is {MAX_RANKS}", module.file, line)
 
