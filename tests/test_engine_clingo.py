@@ -43,7 +43,7 @@ def test_transitive_closure(tmp_path):
 .output Path
 Path(a, b) :- Edge(a, b).
 Path(a, c) :- Path(a, b), Edge(b, c).
-.plan 1:(2,1)
+.plan 0:(2,1)
 """, {EDGE: [(1, 2), (2, 3), (3, 1), (4, 5)]}, [PATH])
     cycle = [(a, b) for a in (1, 2, 3) for b in (1, 2, 3)]
     assert out == {"Path": sorted(cycle + [(4, 5)])}

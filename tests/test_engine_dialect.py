@@ -46,7 +46,9 @@ def clingo_text(tmp_path: Path, body: str) -> list[str]:
 
 def test_generated_schema_parses_and_matches_python_schema():
     prog = parse_program(REPO / "datalog" / "schema.dl")
-    assert set(prog.decls) == {r.name for r in schema.RELATIONS}
+    assert set(prog.decls) == {r.name for r in schema.RELATIONS} | {c.name for c in schema.CONSTANTS}
+    for const in schema.CONSTANTS:  # one fact each, of the declared type
+        assert [t for _, t in prog.decls[const.name].columns] == [const.column.type], const.name
     for rel in schema.RELATIONS:
         decl = prog.decls[rel.name]
         assert len(decl.columns) == rel.arity, rel.name
@@ -106,8 +108,8 @@ def test_translation_of_accepted_constructs(tmp_path):
     lines = clingo_text(tmp_path, """\
 /* block
    comment */ C(x) :- A(x), !B(x, _), x != 3. // trailing
-C(x) :- B(x, y), x = (y + -2) * 3 / 2 % 5, y >= -x.
-.plan 0:(1,2), 1:(2,1)
+C(x) :- B(x, y), C(y), x = (y + -2) * 3 / 2 % 5, y >= -x.
+.plan 0:(2,1), 0:(1,2)
 L([1, [2, nil]]).
 L([h + 1, t]) :- L(l), l = [h, t], h < 10.
 S("a b").
@@ -118,7 +120,7 @@ C(n) :- A(n), n = max z : { B(n, z) }.
 """)
     assert lines[:10] == [
         "c(V_x) :- a(V_x), not b(V_x,_), V_x != 3.",
-        "c(V_x) :- b(V_x,V_y), V_x = ((((V_y + -2) * 3) / 2) \\ 5), V_y >= -(V_x).",
+        "c(V_x) :- b(V_x,V_y), c(V_y), V_x = ((((V_y + -2) * 3) / 2) \\ 5), V_y >= -(V_x).",
         "l((1,(2,nil))).",
         "l(((V_h + 1),V_t)) :- l(V_l), V_l = (V_h,V_t), V_h < 10.",
         's("a b").',
@@ -179,9 +181,16 @@ TYPED = """\
     ("N(h) :- L(l), l = [h, t], S(t).", "cannot deduce a type for variable t"),
     ("N(x) :- L(l), l = [x, t], !O(t).", "variable t has type OffList but O expects OpId"),
     ("N(x) :- T(x), !O(x).", None),          # negation: same base type is enough
-    ("T(x + 1) :- T(x).", None),             # number into a TensorId column is allowed
+    ("T(x + 1) :- T(x).", None),             # an arithmetic result (a constant type) fills a TensorId column
+    ("T(x) :- N(y), x = y + 1.", None),
     ("N(x) :- T(x).", None),                 # TensorId into number is allowed
-    ("T(x) :- N(x).", None),
+    ("T(x) :- N(x).", "variable x has type number but T expects TensorId"),  # Soufflé: not a subtype
+    ("T(x) :- N(x), x = 1.", "variable x has type number but T expects TensorId"),
+    ("T(x) :- x = sum y : O(y).", "variable x has type OpId but T expects TensorId"),
+    ("T(x) :- x = count : O(_).", None),
+    ("T(x) :- T(x), O(y), x < y.", "cannot deduce a type for variable"),
+    ("T(x) :- T(x), N(y), x < y.", None),    # comparisons unify: y is a TensorId
+    ("T(x) :- T(x), !O(x).", None),
     ("N(h) :- L(l), l = [h, t], L(t).", None),
     ("T(x) :- T(x), x = count : O(_).", None),
 ])

@@ -15,16 +15,17 @@ MAIN = f"""
 #include "{DATALOG / 'lists.dl'}"
 #include "{DATALOG / 'views.dl'}"
 
-// Lists by id, of length 0..3 (input facts must be flat).
-.decl T_L0(id: number)
+// Lists by id, of length 0..3 (input facts must be flat). The ids are TensorIds
+// because they fill View's tensor columns (Soufflé: a `number` variable may not).
+.decl T_L0(id: TensorId)
 .input T_L0
-.decl T_L1(id: number, a: number)
+.decl T_L1(id: TensorId, a: number)
 .input T_L1
-.decl T_L2(id: number, a: number, b: number)
+.decl T_L2(id: TensorId, a: number, b: number)
 .input T_L2
-.decl T_L3(id: number, a: number, b: number, c: number)
+.decl T_L3(id: TensorId, a: number, b: number, c: number)
 .input T_L3
-.decl T_List(id: number, l: OffList)
+.decl T_List(id: TensorId, l: OffList)
 T_List(id, nil) :- T_L0(id).
 T_List(id, [a, nil]) :- T_L1(id, a).
 T_List(id, [a, [b, nil]]) :- T_L2(id, a, b).
@@ -65,10 +66,10 @@ def rel(name, *cols, role="input"):
     return Relation(name, tuple(Column(*c.split(":")) for c in cols), f"test relation {name}", role)
 
 
-L0 = rel("T_L0", "id:number")
-L1 = rel("T_L1", "id:number", "a:number")
-L2 = rel("T_L2", "id:number", "a:number", "b:number")
-L3 = rel("T_L3", "id:number", "a:number", "b:number", "c:number")
+L0 = rel("T_L0", "id:TensorId")
+L1 = rel("T_L1", "id:TensorId", "a:number")
+L2 = rel("T_L2", "id:TensorId", "a:number", "b:number")
+L3 = rel("T_L3", "id:TensorId", "a:number", "b:number", "c:number")
 ADD_REQ = rel("T_AddReq", "id:number", "k:number", "delta:number")
 MERGE_REQ = rel("T_MergeReq", "a:number", "b:number")
 WILD_REQ = rel("T_WildReq", "n:number")
