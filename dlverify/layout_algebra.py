@@ -81,25 +81,73 @@ def reshape_chain(src: tuple[int, ...], dst: tuple[int, ...]) -> list[ReshapeGro
     return groups
 
 
-def reshape_rows(add: AddRow, op: Op, src: tuple[int, ...], dst: tuple[int, ...], dist: bool) -> None:
-    """Reshape_Cut for distributed reshapes; Reshape_Group and Reshape_Dim for
-    sequential ones (the groups the distributed reshape must respect)."""
+def reshape_rows(add: AddRow, op: Op, x: int, src: tuple[int, ...], dst: tuple[int, ...],
+                 dist: bool) -> None:
+    """Facts of the reshape from tensor x to op's output: Reshape_Chain; Reshape_Same
+    when the shapes are equal; Reshape_Cut for the distributed program; Reshape_Group
+    and Reshape_Dim for the sequential one (the groups the distributed side must respect)."""
+    add(S.RESHAPE_CHAIN, op.id, x)
+    if tuple(src) == tuple(dst):
+        add(S.RESHAPE_SAME, op.id, x)
     if dist:
         for i, j in reshape_cuts(src, dst):
-            add(S.RESHAPE_CUT, op.id, i, j)
+            add(S.RESHAPE_CUT, op.id, x, i, j)
         return
     groups = reshape_chain(src, dst)
     if not groups:
         return
     for g, grp in enumerate(groups):
-        add(S.RESHAPE_GROUP, op.id, g, grp.i0, grp.i1, grp.j0, grp.j1, len(groups))
+        add(S.RESHAPE_GROUP, op.id, x, g, grp.i0, grp.i1, grp.j0, grp.j1, len(groups))
         for side, (lo, hi, sizes) in enumerate(((grp.i0, grp.i1, src), (grp.j0, grp.j1, dst))):
             prev = -1
             for k in range(lo, hi):
                 stride = prod(sizes[k + 1:hi])
-                add(S.RESHAPE_DIM, op.id, side, k, g, stride, prev)
+                add(S.RESHAPE_DIM, op.id, x, side, k, g, stride, prev)
                 if sizes[k] > 1:
                     prev = k
+
+
+_REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min")
+CHAIN_DEPTH = 4   # reshape-like ops followed upwards from each op
+
+
+def is_reshape_like(graph: Graph, op: Op) -> bool:
+    """op moves no element: its output is a row-major reshape of its operand 0
+    (a reshape; a broadcast_in_dim that only inserts size-1 dims; a reduction over
+    size-1 dims only, which combines one element; a transpose that keeps the order
+    of the dims with more than one element)."""
+    if not op.inputs:
+        return False
+    src, dst = graph.tensors[op.inputs[0]].shape, graph.tensors[op.output].shape
+    if op.kind == "reshape":
+        return True
+    if op.kind == "broadcast_in_dim":
+        bd = tuple(op.params["broadcast_dimensions"])
+        return all(src[i] == dst[j] for i, j in enumerate(bd)) and \
+            all(dst[j] == 1 for j in range(len(dst)) if j not in bd)
+    if op.kind in _REDUCTIONS and len(op.inputs) == 1:
+        return all(src[a] == 1 for a in op.params["axes"])
+    if op.kind == "transpose":
+        big = [i for i in op.params["permutation"] if src[i] > 1]
+        return big == sorted(big)
+    return False
+
+
+def reshape_chains(add: AddRow, graph: Graph, dist: bool) -> None:
+    """Reshape facts from every start of a chain of reshape-like ops (up to
+    CHAIN_DEPTH ops) to its end: a chain is one reshape."""
+    producer = {op.output: op for op in graph.ops}
+    like = {op.id for op in graph.ops if is_reshape_like(graph, op)}
+    for op in graph.ops:
+        if op.id not in like:
+            continue
+        x = op.inputs[0]
+        for _ in range(CHAIN_DEPTH):
+            reshape_rows(add, op, x, graph.tensors[x].shape, graph.tensors[op.output].shape, dist)
+            up = producer.get(x)
+            if up is None or up.id not in like:
+                break
+            x = up.inputs[0]
 
 
 def pad_rows(add: AddRow, op: Op) -> None:
@@ -130,11 +178,9 @@ def update_rows(add: AddRow, g: Graph, op: Op, fold: Folded) -> None:
 
 def add_facts(add: AddRow, graph: Graph, fold: Folded, dist: bool) -> None:
     """The facts of this module for every op of one program."""
+    reshape_chains(add, graph, dist)
     for op in graph.ops:
-        shapes = [graph.tensors[i].shape for i in op.inputs]
-        if op.kind == "reshape":
-            reshape_rows(add, op, shapes[0], graph.tensors[op.output].shape, dist)
-        elif op.kind == "pad":
+        if op.kind == "pad":
             pad_rows(add, op)
         elif op.kind == "dynamic_update_slice":
             update_rows(add, graph, op, fold)

@@ -137,17 +137,24 @@ SLICE_START = _rel("Slice_Start", "slice (unit strides) starts at `start` in dim
 DYNSLICE_START = _rel("DynSlice_Start", "dynamic_slice on rank r starts at `start` in dim i "
                       "(start operands folded to constants, clamped as XLA does).",
                       "op:OpId", "r:Rank", "i:number", "start:number")
-RESHAPE_CUT = _rel("Reshape_Cut", "Distributed reshape: its first i operand dims and its first j "
-                   "output dims have equal size products (a group may end there).",
-                   "op:OpId", "i:number", "j:number")
-RESHAPE_GROUP = _rel("Reshape_Group", "Sequential reshape, group g of n: operand dims [i0, i1) "
-                     "reshape to output dims [j0, j1) (its finest chain of cuts).",
-                     "op:OpId", "g:number", "i0:number", "i1:number", "j0:number", "j1:number",
-                     "n:number")
-RESHAPE_DIM = _rel("Reshape_Dim", "Sequential reshape: dim i of the operand (side 0) or output "
-                   "(side 1) is in group g with row-major stride `stride` inside the group; `prev` "
-                   "is the previous dim of the group with more than one element (-1: none).",
-                   "op:OpId", "side:number", "i:number", "g:number", "stride:number", "prev:number")
+RESHAPE_CHAIN = _rel("Reshape_Chain", "The output of op is a row-major reshape of tensor x: op "
+                     "ends a chain of reshape-like ops from x (reshapes, broadcasts inserting size-1 "
+                     "dims only, reductions over size-1 dims only, transposes keeping the order of "
+                     "the dims with more than one element).", "op:OpId", "x:TensorId")
+RESHAPE_SAME = _rel("Reshape_Same", "Reshape_Chain(op, x) with op's output of x's shape: it equals x.",
+                    "op:OpId", "x:TensorId")
+RESHAPE_CUT = _rel("Reshape_Cut", "Distributed Reshape_Chain(op, x): the first i dims of x and the "
+                   "first j dims of op's output have equal size products (a group may end there).",
+                   "op:OpId", "x:TensorId", "i:number", "j:number")
+RESHAPE_GROUP = _rel("Reshape_Group", "Sequential Reshape_Chain(op, x), group g of n: dims [i0, i1) "
+                     "of x reshape to output dims [j0, j1) (its finest chain of cuts).",
+                     "op:OpId", "x:TensorId", "g:number", "i0:number", "i1:number", "j0:number",
+                     "j1:number", "n:number")
+RESHAPE_DIM = _rel("Reshape_Dim", "Sequential Reshape_Chain(op, x): dim i of x (side 0) or of the "
+                   "output (side 1) is in group g with row-major stride `stride` inside the group; "
+                   "`prev` is the previous dim of the group with more than one element (-1: none).",
+                   "op:OpId", "x:TensorId", "side:number", "i:number", "g:number", "stride:number",
+                   "prev:number")
 PAD_DIM = _rel("Pad_Dim", "pad (no interior padding, none negative) adds lo elements before and "
                "hi after dim i.", "op:OpId", "i:number", "lo:number", "hi:number")
 UPDATE_WHOLE = _rel("Update_Whole", "dynamic_update_slice whose update has the operand's shape: "

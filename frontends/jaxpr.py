@@ -14,7 +14,8 @@ from typing import Any, Callable
 import numpy as np
 
 from dlverify.errors import InputError, UnknownOpError
-from dlverify.ir import Frame, Graph, GraphBuilder, IdAllocator, Mesh, SourceLoc, is_float_dtype
+from dlverify.ir import Frame, Graph, GraphBuilder, IdAllocator, Mesh, SourceLoc
+from dlverify.ops.dtypes import convert_kind
 from dlverify.problem import Problem
 from dlverify.relations import spec_relation
 
@@ -40,10 +41,6 @@ def _loc(eqn: Any) -> SourceLoc:
 
 def _dtype(aval: Any) -> str:
     return str(np.dtype(aval.dtype)) if hasattr(aval, "dtype") else "token"
-
-
-def _is_float(dtype: Any) -> bool:
-    return is_float_dtype(np.dtype(dtype).name)
 
 
 @dataclass
@@ -158,12 +155,9 @@ def _alias(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
 
 @exporter("convert_element_type")
 def _convert(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
-    src = eqn.invars[0].aval.dtype
-    dst = eqn.params["new_dtype"]
-    if _is_float(dst) or not _is_float(src):
-        # float<->float and int/bool->float casts are identities over the reals.
+    kind = convert_kind(np.dtype(eqn.invars[0].aval.dtype).name, np.dtype(eqn.params["new_dtype"]).name)
+    if kind is None:  # an identity over the reals (see convert_kind)
         return list(ins)
-    kind = "convert_to_bool" if np.dtype(dst) == np.bool_ else "convert_to_int"
     shape, dtype = _out(eqn)
     return [ctx.b.op(kind, ins, shape, dtype, {}, _loc(eqn), eqn.primitive.name)]
 

@@ -198,7 +198,9 @@ def test_interpreter_runs_jaxpr_integer_programs_like_jax():
         c = jnp.where(i < 2, -i // 2, i % -3)
         d = lax.shift_right_logical(~i, jnp.int32(28)) + lax.population_count(i) + lax.clz(i)
         e = lax.convert_element_type(x, jnp.int8) + jnp.int8(100)  # saturates, then wraps
-        return a, b, c, d, e
+        f = (i * 50).astype(jnp.int8) < 0                # narrowing int -> int wraps
+        h = lax.shift_right_logical(i.astype(jnp.uint32), jnp.uint32(28))
+        return a, b, c, d, e, f, h
 
     i = np.arange(-4, 8, dtype=np.int32)
     x = np.linspace(-300.0, 300.0, 12).astype(np.float32)

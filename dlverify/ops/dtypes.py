@@ -31,3 +31,18 @@ def exact_dtype(dtype: object) -> np.dtype | None:
 def is_exact(x: np.ndarray) -> bool:
     """Integer or bool values (computed exactly, with XLA's wrap-around)."""
     return x.dtype == np.bool_ or np.issubdtype(x.dtype, np.integer)
+
+
+def convert_kind(src: object, dst: object) -> str | None:
+    """How the IR records an element type conversion from `src` to `dst`: None
+    when it is an identity over the reals (float <-> float, int/bool -> float,
+    and int/bool -> an integer type holding every source value), else the
+    kind that computes it: "convert_to_bool" (x != 0) or "convert_to_int"
+    (float -> int truncates and saturates; a narrowing or sign-changing
+    int -> int cast wraps, as XLA's convert does)."""
+    if is_float_dtype(dst):
+        return None
+    s, d = exact_dtype(src), exact_dtype(dst)
+    if not is_float_dtype(src) and s is not None and d is not None and np.can_cast(s, d, "safe"):
+        return None
+    return "convert_to_bool" if str(dst) == "bool" else "convert_to_int"

@@ -1,0 +1,169 @@
+"""partials.dl: sums of terms of two different reductions, and dot_general over
+two partially held contracted dims (fewer KV heads than ranks).
+
+Every view a tiny program derives is checked numerically (rulekit), including
+the sums of tiling partial terms; each family has a buggy JAX twin that must
+not verify, with its first failure at the `# BUG` line."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import bug_line
+from jax.sharding import Mesh as JMesh, PartitionSpec as P
+from rulekit import Tiny
+
+from dlverify.api import verify_jax
+from dlverify.ir import Mesh
+from dlverify.partial_tags import ADD_BASE, FLAT_BASE
+from dlverify.verdict import Partial
+
+UNIT = (0, 0, 0, 0)
+DOT = dict(lhs_contract=(1,), rhs_contract=(0,), lhs_batch=(), rhs_batch=())
+
+
+def vset(out, s, d, r):
+    return {(v.offsets, v.partial, v.scale) for v in out.views(s, d, r)}
+
+
+def last_seq_op(t):
+    return t.seq.ops[-1].id
+
+
+# ---------------------------------------------------------------- add of two reductions
+
+def test_add_of_two_reductions_with_the_same_ranges_is_one_family_that_psum_completes():
+    t = Tiny()
+    xs, xd = t.input((4, 6), (None, "x"))
+    as_, ad = t.input((6, 5), ("x", None))
+    bs, bd = t.input((6, 5), ("x", None))
+    y1s = t.sop("dot_general", [xs, as_], (4, 5), **DOT)
+    y1d = t.dop("dot_general", [xd, ad], (4, 5), **DOT)
+    y2s = t.sop("dot_general", [xs, bs], (4, 5), **DOT)
+    y2d = t.dop("dot_general", [xd, bd], (4, 5), **DOT)
+    zs = t.sop("sub", [y1s, y2s], (4, 5))
+    zd = t.dop("sub", [y1d, y2d], (4, 5))
+    sub = last_seq_op(t)
+    sd = t.dop("all_reduce", [zd], (4, 5), reducer="sum", groups=[[0, 1]])
+    out = t.run()
+    for r in range(2):
+        assert vset(out, zs, zd, r) == {((0, 0), Partial(0, sub, ADD_BASE, 3 * r, 3 * r + 3), UNIT)}
+        assert vset(out, zs, sd, r) == {((0, 0), None, UNIT)}
+
+
+def test_add_of_two_reductions_with_other_ranges_or_sizes_has_no_view():
+    t = Tiny()
+    xs, xd = t.input((4, 6), (None, "x"))
+    as_, ad = t.input((6, 5), ("x", None))
+    ws, wd = t.input((4, 4), (None, "x"))
+    bs, bd = t.input((4, 5), ("x", None))
+    y1s = t.sop("dot_general", [xs, as_], (4, 5), **DOT)
+    y1d = t.dop("dot_general", [xd, ad], (4, 5), **DOT)
+    y2s = t.sop("dot_general", [ws, bs], (4, 5), **DOT)   # 4 terms, not 6
+    y2d = t.dop("dot_general", [wd, bd], (4, 5), **DOT)
+    zs = t.sop("add", [y1s, y2s], (4, 5))
+    zd = t.dop("add", [y1d, y2d], (4, 5))
+    out = t.run()
+    assert out.views(zs, zd) == []
+
+
+def test_add_of_a_reduced_value_and_a_term_has_no_view():
+    t = Tiny()
+    xs, xd = t.input((4, 6), (None, "x"))
+    as_, ad = t.input((6, 5), ("x", None))
+    bs, bd = t.input((6, 5), ("x", None))
+    y1s = t.sop("dot_general", [xs, as_], (4, 5), **DOT)
+    y1d = t.dop("dot_general", [xd, ad], (4, 5), **DOT)
+    c1d = t.dop("all_reduce", [y1d], (4, 5), reducer="sum", groups=[[0, 1]])
+    y2s = t.sop("dot_general", [xs, bs], (4, 5), **DOT)
+    y2d = t.dop("dot_general", [xd, bd], (4, 5), **DOT)
+    zs = t.sop("add", [y1s, y2s], (4, 5))
+    zd = t.dop("add", [c1d, y2d], (4, 5))
+    out = t.run()
+    assert out.views(zs, zd) == []
+
+
+# ---------------------------------------------------------------- two partial contracted dims
+
+def _kv_dot(mesh_shape, o_spec, w_spec):
+    t = Tiny(mesh=Mesh(("a", "b"), mesh_shape))
+    os_, od = t.input((4, 2, 4), o_spec)
+    ws, wd = t.input((2, 4, 8), w_spec)
+    dn = dict(lhs_contract=(1, 2), rhs_contract=(0, 1), lhs_batch=(), rhs_batch=())
+    g, j = 2 // mesh_shape[0] if o_spec[1] else 2, 4 // mesh_shape[1] if o_spec[2] else 4
+    ys = t.sop("dot_general", [os_, ws], (4, 8), **dn)
+    yd = t.dop("dot_general", [od, wd], (4, 8), **dn)
+    assert t.dist.tensors[od].shape == (4, g, j)
+    return t, ys, yd
+
+
+def test_two_partial_contracted_dims_flatten_when_the_outer_holds_one_index():
+    # o[b, g, j] w[g, j, d]: rank (a, b) holds KV group a and query heads 2b..2b+1
+    t, ys, yd = _kv_dot((2, 2), (None, "a", "b"), ("a", "b", None))
+    sd = t.dop("all_reduce", [yd], (4, 8), reducer="sum", groups=[[0, 1, 2, 3]])
+    dot = last_seq_op(t)
+    out = t.run()
+    for r in range(4):
+        a, b = divmod(r, 2)
+        assert vset(out, ys, yd, r) == {
+            ((0, 0), Partial(0, dot, FLAT_BASE + 32 * 0 + 1, 4 * a + 2 * b, 4 * a + 2 * b + 2), UNIT)}
+        assert vset(out, ys, sd, r) == {((0, 0), None, UNIT)}
+
+
+def test_two_partial_contracted_dims_reduced_over_one_mesh_axis_are_not_complete():
+    t, ys, yd = _kv_dot((2, 2), (None, "a", "b"), ("a", "b", None))
+    sd = t.dop("all_reduce", [yd], (4, 8), reducer="sum", groups=[[0, 1], [2, 3]])   # over b only
+    out = t.run()
+    assert out.views(ys, yd) and not any(v.partial is None for v in out.views(ys, sd))
+
+
+def test_two_partial_contracted_dims_that_are_not_one_range_have_no_view():
+    # both dims hold 1 of 2 and 2 of 4 ... with the inner split over a: rank (a, b)
+    # holds group b and heads 2a..2a+1 -- fine; but a (2, 2) box of a (2, 4) grid is
+    # not one flat range
+    t = Tiny(mesh=Mesh(("a", "b"), (1, 2)))
+    os_, od = t.input((4, 4, 4), (None, None, "b"))
+    ws, wd = t.input((4, 4, 8), (None, "b", None))
+    sl_o = t.dop("slice", [od], (4, 2, 2), start_indices=(0, 0, 0), limit_indices=(4, 2, 2), strides=None)
+    sl_w = t.dop("slice", [wd], (2, 2, 8), start_indices=(0, 0, 0), limit_indices=(2, 2, 8), strides=None)
+    dn = dict(lhs_contract=(1, 2), rhs_contract=(0, 1), lhs_batch=(), rhs_batch=())
+    ys = t.sop("dot_general", [os_, ws], (4, 8), **dn)
+    yd = t.dop("dot_general", [sl_o, sl_w], (4, 8), **dn)
+    out = t.run()
+    assert out.views(ys, yd) == []
+
+
+# ---------------------------------------------------------------- buggy twins (JAX)
+
+def _sds(*shape):
+    return jax.ShapeDtypeStruct(shape, jnp.float32)
+
+
+def _add_reduced_twice(x, a, b):
+    return jax.lax.psum(jax.lax.psum(x @ a, "tp") + x @ b, "tp")   # BUG: x @ a is counted twice
+
+
+def _kv_psum_one_axis(o, w):
+    return jax.lax.psum(jnp.einsum("bgj,gjd->bd", o, w), "b")   # BUG: the KV groups on "a" are never summed
+
+
+TWINS = [
+    ("add", lambda x, a, b: x @ a + x @ b, _add_reduced_twice,
+     JMesh(np.array(jax.devices()[:2]), ("tp",)),
+     dict(in_specs=(P(None, "tp"), P("tp", None), P("tp", None)), out_specs=P()),
+     (_sds(4, 8), _sds(8, 4), _sds(8, 4))),
+    ("two_partial_dims", lambda o, w: jnp.einsum("bgj,gjd->bd", o, w), _kv_psum_one_axis,
+     JMesh(np.array(jax.devices()[:4]).reshape(2, 2), ("a", "b")),
+     dict(in_specs=(P(None, "a", "b"), P("a", "b", None)), out_specs=P(), check_vma=False),
+     (_sds(4, 2, 4), _sds(2, 4, 8))),
+]
+
+
+@pytest.mark.parametrize("name,seq,local,mesh,specs,args", TWINS, ids=[t[0] for t in TWINS])
+def test_buggy_twin_is_not_verified_and_is_located(name, seq, local, mesh, specs, args):
+    dist = jax.jit(jax.shard_map(local, mesh=mesh, **specs))
+    xs = [np.random.default_rng(0).standard_normal(a.shape).astype(np.float32) for a in args]
+    assert np.max(np.abs(np.asarray(seq(*xs)) - np.asarray(dist(*xs)))) > 1e-3   # really buggy
+    res = verify_jax(seq, dist, *args, engine="clingo")
+    assert not res.verified
+    lines = {fr.line for f in res.failures[:1] for fr in f.frames}
+    assert bug_line(local) in lines, [(f.op, f.line, f.message) for f in res.failures[:3]]
