@@ -25,5 +25,6 @@ class DialectError(InputError):
     """A .dl construct outside the documented Soufflé subset."""
 
 
-class EngineError(Exception):
-    """The Datalog engine failed (not the user's fault): carries the command and stderr."""
+class EngineError(InputError):
+    """The Datalog engine failed or rejected the rules: one clear error (exit 2) with the
+    engine's message and, when it names one, the .dl file and line."""

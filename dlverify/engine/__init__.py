@@ -4,27 +4,35 @@
 Soufflé (a subprocess, when `souffle` is on PATH) or with the embedded clingo through a
 translation of the subset. Both return the same Python values: ints, strs, records as
 nested tuples with `nil` as None.
+
+The rules are parsed, checked and translated once per rule text (segmented runs call
+`run_program` once per window): `_loaded` keeps them keyed by the files' contents.
+
+Engine choice (`auto`, measured in bench/bench_verify.py, README "Engines"): Soufflé when
+its compiled binary for the current rules is already cached (a compiled run starts in
+milliseconds and evaluates faster than clingo grounds); clingo otherwise (Soufflé's
+interpreter pays ~0.2 s per start and evaluates no faster than clingo on these rules, and
+compiling costs minutes once, which no single run wins back).
 """
 from __future__ import annotations
-
-import functools
 
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Mapping, Sequence
 
 from dlverify.engine import clingo_runner, souffle_runner
 from dlverify.engine.dialect import Program, parse_program
 from dlverify.engine.facts_io import sort_rows, validate_rows, write_facts_dir
+from dlverify.engine.translate import Translation
 from dlverify.errors import InputError
 from dlverify.schema import Relation
 
 EngineName = Literal["auto", "clingo", "souffle"]
 
-__all__ = ["EngineName", "EngineResult", "run_program", "resolve_engine"]
+__all__ = ["EngineName", "EngineResult", "run_program", "resolve_engine", "load_rules"]
 
 
 @dataclass
@@ -35,10 +43,51 @@ class EngineResult:
     work_dir: Path | None              # where facts/outputs were written (souffle, or when keep_dir given)
 
 
-def resolve_engine(engine: EngineName) -> str:
-    """'auto' -> 'souffle' when `souffle` is on PATH, else 'clingo'."""
+@dataclass
+class LoadedRules:
+    """A parsed and checked rule program, with what each engine derived from it once."""
+    program: Program
+    texts: dict[Path, bytes]                       # every file read, by path: the cache key
+    translations: dict[tuple[str, ...], Translation] = field(default_factory=dict)  # by shown outputs
+    souffle_plan: souffle_runner.SoufflePlan | None = None
+
+
+_LOADED: dict[Path, LoadedRules] = {}  # main .dl (resolved) -> its rules; a few entries per process
+
+
+def _unchanged(rules: LoadedRules) -> bool:
+    try:
+        return all(p.read_bytes() == text for p, text in rules.texts.items())
+    except OSError:
+        return False
+
+
+def load_rules(main_dl: Path) -> LoadedRules:
+    """Parse and check `main_dl` once per content of its files (re-read and compared per call)."""
+    key = Path(main_dl).resolve()
+    rules = _LOADED.get(key)
+    if rules is not None and _unchanged(rules):
+        return rules
+    program = parse_program(key)
+    rules = LoadedRules(program, {p: p.read_bytes() for p in program.files})
+    if len(_LOADED) >= 8:
+        _LOADED.pop(next(iter(_LOADED)))
+    _LOADED[key] = rules
+    return rules
+
+
+def resolve_engine(engine: EngineName, main_dl: Path | None = None) -> str:
+    """The engine that will run: 'auto' -> 'souffle' when `souffle` is on PATH and the compiled
+    binary of the rules `main_dl` is cached, else 'clingo' (see the module doc)."""
     if engine == "auto":
-        return "souffle" if shutil.which("souffle") else "clingo"
+        exe = shutil.which("souffle")
+        if exe is None or main_dl is None:
+            return "clingo"
+        try:
+            rules = load_rules(main_dl)
+            return "souffle" if souffle_runner.cached_binary(rules.program, exe) else "clingo"
+        except InputError:
+            return "clingo"  # the rules' own errors are reported by the run itself
     if engine == "souffle":
         if not shutil.which("souffle"):
             raise InputError("engine 'souffle' requested but `souffle` is not on PATH")
@@ -74,29 +123,29 @@ def _check_relation(program: Program, rel: Relation, role: str) -> None:
                              f"but {dty} in {decl.file}:{decl.line}")
 
 
-def _stamp(main_dl: Path) -> tuple:
-    """Identifies the rule files' current contents (their names and modification times)."""
-    return tuple((p.name, p.stat().st_mtime_ns) for p in sorted(main_dl.resolve().parent.rglob("*.dl")))
-
-
-@functools.lru_cache(maxsize=8)
-def _parsed(main_dl: str, stamp: tuple) -> Program:
-    """Parsing and checking the rules once per process (segmented runs call the engine often)."""
-    return parse_program(Path(main_dl))
+def _translation(rules: LoadedRules, outputs: Sequence[str]) -> Translation:
+    key = tuple(outputs)
+    tr = rules.translations.get(key)
+    if tr is None:
+        tr = rules.translations[key] = clingo_runner.program_text(rules.program, outputs)
+    return tr
 
 
 def run_program(main_dl: Path, facts: Mapping[Relation, Sequence[tuple]], outputs: Sequence[Relation],
-                engine: EngineName = "auto", keep_dir: Path | None = None) -> EngineResult:
+                engine: EngineName = "auto", keep_dir: Path | None = None,
+                timeout: float | None = None) -> EngineResult:
     """Evaluate `main_dl` on `facts` and return the rows of `outputs`.
 
     Raises DialectError for a construct outside the subset, InputError for facts that do not
     fit the program (undeclared or non-.input relation, arity, 32-bit range, tab/newline in a
-    symbol) and EngineError when the engine itself fails.
+    symbol), EngineError when the engine itself fails, and OutOfTime past `timeout` seconds
+    (or when the caller's SIGALRM time limit fires: the engine never swallows it).
     """
-    name = resolve_engine(engine)
     main_dl = Path(main_dl)
+    name = resolve_engine(engine, main_dl)
     start = time.perf_counter()
-    program = _parsed(str(main_dl.resolve()), _stamp(main_dl))
+    rules = load_rules(main_dl)
+    program = rules.program
     flat: dict[str, list[tuple]] = {}
     for rel, rows in facts.items():
         _check_relation(program, rel, "input")
@@ -111,22 +160,27 @@ def run_program(main_dl: Path, facts: Mapping[Relation, Sequence[tuple]], output
         write_facts_dir(work_dir, list(program.inputs), flat)
 
     if name == "clingo":
-        tr = clingo_runner.program_text(program, out_names)
+        tr = _translation(rules, out_names)
         if work_dir is not None:
             (work_dir / "program.lp").write_text(tr.text, encoding="utf-8")
-        relations = clingo_runner.run_clingo(program, flat, out_names, tr)
+        relations = clingo_runner.run_clingo(program, flat, out_names, tr, timeout=timeout)
         seconds = time.perf_counter() - start
     else:
+        if rules.souffle_plan is None:
+            rules.souffle_plan = souffle_runner.plan_run(program, main_dl, timeout=timeout)
         tmp = None
-        if work_dir is None:
-            tmp = Path(tempfile.mkdtemp(prefix="dlverify-souffle-"))
-            facts_dir, out_dir = tmp / "facts", tmp / "out"
-        else:
-            facts_dir, out_dir = work_dir, work_dir / "out"
-        t0 = time.perf_counter()
-        relations = souffle_runner.run_souffle(program, main_dl, flat, out_names, facts_dir, out_dir,
-                                               facts_written=work_dir is not None)
-        seconds = time.perf_counter() - t0
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            if work_dir is None:
+                tmp = Path(tempfile.mkdtemp(prefix="dlverify-souffle-"))
+                facts_dir, out_dir = tmp / "facts", tmp / "out"
+            else:
+                facts_dir, out_dir = work_dir, work_dir / "out"
+            t0 = time.perf_counter()
+            relations = souffle_runner.run_souffle(program, main_dl, flat, out_names, facts_dir, out_dir,
+                                                   timeout=timeout, facts_written=work_dir is not None,
+                                                   plan=rules.souffle_plan)
+            seconds = time.perf_counter() - t0
+        finally:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
     return EngineResult(name, {n: sort_rows(rows) for n, rows in relations.items()}, seconds, work_dir)

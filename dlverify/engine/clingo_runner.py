@@ -8,14 +8,18 @@ term `f((1,2),(3,4),...)` read by `clingo.parse_term`, and a rule
 from __future__ import annotations
 
 import re
+import threading
+import time
 from operator import itemgetter
 from typing import Mapping, Sequence
 
 import clingo
 from clingo import SymbolType
 
-from dlverify.engine.dialect import Program, Translation, translate
+from dlverify.engine.syntax import Program
+from dlverify.engine.translate import Translation, translate
 from dlverify.errors import EngineError
+from dlverify.limits import OutOfTime
 
 _CHUNK = 200_000  # rows per parse_term call
 _LOC = re.compile(r"<block>:(\d+):(\d+)(?:-(\d+:)?\d+)?")
@@ -178,7 +182,7 @@ def program_text(program: Program, outputs: Sequence[str]) -> Translation:
 
 
 def run_clingo(program: Program, facts: Mapping[str, Sequence[tuple]], outputs: Sequence[str],
-               translation: Translation | None = None) -> dict[str, list[tuple]]:
+               translation: Translation | None = None, timeout: float | None = None) -> dict[str, list[tuple]]:
     """Evaluate `program` on validated flat `facts`; return rows of each relation in `outputs`."""
     tr = translation or program_text(program, outputs)
     messages: list[str] = []
@@ -206,18 +210,60 @@ def run_clingo(program: Program, facts: Mapping[str, Sequence[tuple]], outputs: 
         ctl.add("base", [], tr.text)
     except RuntimeError:
         raise fail("parsing the translated program") from None
-    try:
-        if loaders:
+    if loaders:
+        try:
             ctl.add("dlv_facts", [], "\n".join(loaders))
-        parts = [("base", [])] + ([("dlv_facts", [])] if loaders else [])
-        ctl.ground(parts, context=_Context(tables))
-    except RuntimeError:
-        raise fail("grounding") from None
-    symbols = None
-    with ctl.solve(yield_=True) as handle:
-        for model in handle:
-            symbols = model.symbols(shown=True)
-            break
-    if symbols is None:
+        except RuntimeError:
+            raise fail("parsing the fact loaders") from None
+    parts = [("base", [])] + ([("dlv_facts", [])] if loaders else [])
+    outcome = _Outcome()
+
+    def evaluate() -> None:
+        try:
+            ctl.ground(parts, context=_Context(tables))
+            with ctl.solve(yield_=True) as handle:
+                for model in handle:
+                    outcome.symbols = model.symbols(shown=True)
+                    break
+        except RuntimeError:
+            outcome.failed = "grounding"
+        except BaseException as e:  # pragma: no cover - re-raised in the caller's thread
+            outcome.error = e
+
+    _wait(evaluate, ctl, timeout)
+    if outcome.error is not None:
+        raise outcome.error
+    if outcome.failed:
+        raise fail(outcome.failed)
+    if outcome.symbols is None:
         raise EngineError("clingo found no model: the program is not a stratified Datalog program")
-    return collect_rows(symbols, {tr.predicates[n]: n for n in outputs})
+    return collect_rows(outcome.symbols, {tr.predicates[n]: n for n in outputs})
+
+
+class _Outcome:
+    """What the evaluation thread left behind."""
+
+    def __init__(self) -> None:
+        self.symbols: Sequence[clingo.Symbol] | None = None
+        self.failed = ""
+        self.error: BaseException | None = None
+
+
+def _wait(evaluate, ctl: clingo.Control, timeout: float | None) -> None:
+    """Run `evaluate` (grounding and solving) in a thread and wait for it in this one.
+
+    clingo releases the GIL while it grounds, so this thread keeps running Python: the
+    SIGALRM time limit of dlverify/limits.py raises OutOfTime here at once instead of after
+    grounding. The abandoned grounding cannot be stopped (clingo can interrupt solving only),
+    so it runs on in its daemon thread until it ends or the process exits."""
+    worker = threading.Thread(target=evaluate, name="clingo-ground", daemon=True)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.05)
+            if deadline is not None and worker.is_alive() and time.monotonic() > deadline:
+                raise OutOfTime(f"out of time after {timeout:g} s (clingo)")
+    except BaseException:
+        ctl.interrupt()
+        raise

@@ -1,19 +1,39 @@
-"""Evaluate a program with Soufflé as a subprocess (used when `souffle` is on PATH).
+"""Evaluate a program with Soufflé as a subprocess (when `souffle` is on PATH).
 
-Facts are written as `<dir>/<Name>.facts` (headerless TSV), Soufflé is run as
-`souffle -F <facts dir> -D <out dir> -I <datalog dir> <main.dl>`, and each output
-`<out dir>/<Name>.csv` is read back by the relation's declared column types.
+Facts are written as `<dir>/<Name>.facts` (headerless TSV); the program runs as
+a compiled binary (`souffle -o`, built once per rule text and cached in the
+user's cache directory) when one is cached or a C++ compiler can build it, and
+in Soufflé's interpreter otherwise; each output `<out dir>/<Name>.csv` is read
+back by the relation's declared column types.
+
+Every subprocess is killed when the run ends early (a time limit, an
+interrupt), and a failure is an EngineError naming Soufflé's message and the
+.dl file and line it points at.
 """
 from __future__ import annotations
 
+import functools
+import hashlib
+import os
+import re
 import shutil
 import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Literal, Mapping, Sequence
 
-from dlverify.engine.dialect import Program
 from dlverify.engine.facts_io import read_csv, write_facts_dir
+from dlverify.engine.syntax import Program
 from dlverify.errors import EngineError
+from dlverify.limits import OutOfTime
+
+SouffleMode = Literal["auto", "compiled", "interpreted"]
+MODE_ENV = "DLVERIFY_SOUFFLE_MODE"   # auto | compiled | interpreted
+COMPILERS = ("c++", "g++", "clang++")
+# Soufflé's diagnostics: "Error: <what> in file <name> at line <n>"
+_LOCATION = re.compile(r"in file (\S+) at line (\d+)")
 
 
 def type_resolver(program: Program):
@@ -24,8 +44,134 @@ def type_resolver(program: Program):
     return resolve
 
 
-def souffle_command(main_dl: Path, facts_dir: Path, out_dir: Path, souffle: str = "souffle") -> list[str]:
-    return [souffle, "-F", str(facts_dir), "-D", str(out_dir), "-I", str(main_dl.parent), str(main_dl)]
+def souffle_command(main_dl: Path, facts_dir: Path, out_dir: Path, souffle: str = "souffle",
+                    threads: int = 1) -> list[str]:
+    """The interpreter's command line."""
+    return [souffle, "-w", "-j", str(threads), "-F", str(facts_dir), "-D", str(out_dir),
+            "-I", str(main_dl.parent), str(main_dl)]
+
+
+def default_threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def cache_root() -> Path:
+    """$XDG_CACHE_HOME/dlverify/souffle, or ~/.cache/dlverify/souffle."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "dlverify" / "souffle"
+
+
+@functools.lru_cache(maxsize=4)
+def souffle_version(exe: str) -> str:
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise EngineError(f"`{exe} --version` failed: {e}") from None
+    return out.stdout.strip()
+
+
+def program_digest(program: Program, exe: str) -> str:
+    """Content hash of the rule files (in include order) and the Soufflé version."""
+    h = hashlib.sha256(souffle_version(exe).encode())
+    for path in program.files:
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:24]
+
+
+def cached_binary(program: Program, exe: str) -> Path | None:
+    """The compiled binary of these rules, when one is already in the cache."""
+    path = cache_root() / f"rules-{program_digest(program, exe)}"
+    return path if path.is_file() and os.access(path, os.X_OK) else None
+
+
+def compiler_available() -> bool:
+    return any(shutil.which(c) for c in COMPILERS)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+def _run(cmd: list[str], timeout: float | None, what: str, program: Program) -> None:
+    """Run cmd; kill it on any early exit; EngineError on failure, OutOfTime past `timeout`."""
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    except OSError as e:
+        raise EngineError(f"{what}: `{cmd[0]}` could not start: {e}") from None
+    try:
+        _out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise OutOfTime(f"out of time after {timeout:g} s ({what})") from None
+    finally:
+        _kill(proc)  # a time limit (SIGALRM -> OutOfTime) or an interrupt lands here too
+    if proc.returncode != 0:
+        raise _engine_error(what, proc.returncode, err, program)
+
+
+def _engine_error(what: str, code: int, stderr: str, program: Program) -> EngineError:
+    lines = [x for x in stderr.strip().splitlines() if x.strip()]
+    errors = [x for x in lines if x.startswith("Error")] or lines[-3:] or ["(no message)"]
+    file, line = "", 0
+    m = _LOCATION.search(errors[0])
+    if m:
+        named = Path(m.group(1)).name
+        file = next((str(p) for p in program.files if p.name == named), m.group(1))
+        line = int(m.group(2))
+    msg = f"Soufflé {what} failed (exit code {code}): " + " | ".join(errors[:3])
+    return EngineError(msg, file, line)
+
+
+def compile_binary(program: Program, main_dl: Path, exe: str, timeout: float | None = None) -> Path:
+    """Build (once) and cache the compiled binary of these rules; returns its path."""
+    found = cached_binary(program, exe)
+    if found is not None:
+        return found
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / f"rules-{program_digest(program, exe)}"
+    build = Path(tempfile.mkdtemp(prefix="build-", dir=root))
+    try:
+        binary = build / "rules"
+        _run([exe, "-w", "-o", str(binary), "-I", str(main_dl.parent), str(main_dl)], timeout,
+             "compilation", program)
+        os.replace(binary, target)  # atomic: concurrent builds of the same rules are harmless
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
+    return target
+
+
+@dataclass(frozen=True)
+class SoufflePlan:
+    """How this run evaluates: the executable, compiled or interpreted, threads."""
+    exe: str
+    mode: Literal["compiled", "interpreted"]
+    binary: Path | None
+    threads: int
+
+
+def plan_run(program: Program, main_dl: Path, mode: SouffleMode | None = None,
+             threads: int | None = None, timeout: float | None = None) -> SoufflePlan:
+    """auto: a cached binary, else compile when a C++ compiler is present, else interpret."""
+    exe = shutil.which("souffle")
+    if exe is None:
+        raise EngineError("`souffle` is not on PATH")
+    mode = mode or os.environ.get(MODE_ENV, "auto")  # type: ignore[assignment]
+    if mode not in ("auto", "compiled", "interpreted"):
+        raise EngineError(f"{MODE_ENV}={mode!r}: expected auto, compiled or interpreted")
+    threads = threads or default_threads()
+    if mode == "interpreted":
+        return SoufflePlan(exe, "interpreted", None, threads)
+    binary = cached_binary(program, exe)
+    if binary is None and (mode == "compiled" or compiler_available()):
+        binary = compile_binary(program, main_dl, exe, timeout)
+    if binary is None:
+        return SoufflePlan(exe, "interpreted", None, threads)
+    return SoufflePlan(exe, "compiled", binary, threads)
 
 
 def read_outputs(program: Program, out_dir: Path, outputs: Sequence[str]) -> dict[str, list[tuple]]:
@@ -41,22 +187,20 @@ def read_outputs(program: Program, out_dir: Path, outputs: Sequence[str]) -> dic
 
 def run_souffle(program: Program, main_dl: Path, facts: Mapping[str, Sequence[tuple]],
                 outputs: Sequence[str], facts_dir: Path, out_dir: Path,
-                timeout: float | None = None, facts_written: bool = False) -> dict[str, list[tuple]]:
+                timeout: float | None = None, facts_written: bool = False,
+                plan: SoufflePlan | None = None) -> dict[str, list[tuple]]:
     """Write the facts (unless already written), run Soufflé, read `outputs`."""
-    exe = shutil.which("souffle")
-    if exe is None:
-        raise EngineError("`souffle` is not on PATH")
+    start = time.perf_counter()
+    plan = plan or plan_run(program, main_dl, timeout=timeout)
+    if timeout is not None:
+        timeout = max(0.001, timeout - (time.perf_counter() - start))
     if not facts_written:
         write_facts_dir(facts_dir, list(program.inputs), facts)
     out_dir.mkdir(parents=True, exist_ok=True)
-    cmd = souffle_command(main_dl.resolve(), facts_dir, out_dir, exe)
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        raise EngineError(f"command {' '.join(cmd)} timed out after {e.timeout} s") from None
-    except OSError as e:
-        raise EngineError(f"command {' '.join(cmd)} could not start: {e}") from None
-    if proc.returncode != 0:
-        raise EngineError(f"command {' '.join(cmd)} failed with return code {proc.returncode}:\n"
-                          f"{proc.stderr.strip()}")
+    if plan.mode == "compiled":
+        assert plan.binary is not None
+        cmd = [str(plan.binary), "-j", str(plan.threads), "-F", str(facts_dir), "-D", str(out_dir)]
+    else:
+        cmd = souffle_command(main_dl.resolve(), facts_dir, out_dir, plan.exe, plan.threads)
+    _run(cmd, timeout, "evaluation" if plan.mode == "compiled" else "interpreter run", program)
     return read_outputs(program, out_dir, outputs)
