@@ -208,3 +208,11 @@ def test_interpreter_runs_jaxpr_integer_programs_like_jax():
     vals = Interpreter(g, 1).run([[i], [x]])
     for t, want in zip(g.outputs, offsets(i, x)):
         _same(vals[t][0], want)
+
+
+@pytest.mark.parametrize("config", [((1, 2, 0), (0, 0, 0)), ((-1, 2, 1), (2, -2, 2)),
+                                    ((0, -3, 0), (-1, 1, 1))])
+def test_pad_with_negative_and_interior_padding(config):
+    x = np.arange(20, dtype=np.int32).reshape(4, 5)
+    want = lax.pad(x, np.int32(-9), config)
+    _same(evaluate("pad", {"padding_config": config}, [x, np.int32(-9)], want.shape, "int32"), want)
