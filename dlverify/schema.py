@@ -258,11 +258,90 @@ BY_NAME = {r.name: r for r in RELATIONS}
 assert len(BY_NAME) == len(RELATIONS), "duplicate relation name"
 
 
+# ---------------------------------------------------------------- constants shared with the rules
+# The rule subset has no `#define`, so each named constant is generated as a
+# relation holding one fact, which a rule joins to read the value.
+
+@dataclass(frozen=True)
+class Constant:
+    name: str       # the relation holding the one fact
+    column: Column
+    value: int | tuple[int, ...]
+    doc: str
+
+    def literal(self) -> str:
+        if isinstance(self.value, tuple):
+            return "[" + ", ".join(str(v) for v in self.value) + "]"
+        return str(self.value)
+
+
+def _const(name: str, col: str, value: int | tuple[int, ...], doc: str) -> Constant:
+    n, t = col.split(":")
+    assert t in TYPE_NAMES, (name, t)
+    return Constant(name, Column(n, t), value, doc)
+
+
+@dataclass(frozen=True)
+class RuleFamily:
+    """A rule family that builds views dim by dim through the assembler of
+    views.dl: its key is the `family` field of the Key record."""
+
+    key: int
+    const: Constant
+    file: str                  # the rule file under datalog/
+    ops: frozenset[str]        # the op kinds whose outputs it derives views of
+    title: str
+
+
+def _family(key: int, name: str, file: str, ops: str, title: str) -> RuleFamily:
+    return RuleFamily(key, _const(name, "k:number", key, f"Key family {key}: {title} ({file})."),
+                      file, frozenset(ops.split()), title)
+
+
+UNIT = _const("Unit_Scale", "c:Scale", UNIT_SCALE, "The Scale 1: the value is not scaled.")
+REDUCER_CONSTANTS = tuple(
+    _const(f"Reducer_{name.capitalize()}", "red:number", code,
+           f"The reducer code of {name} (a Tag's and Reduce_Axis's `reducer`).")
+    for name, code in REDUCER_CODE.items())
+REDUCER_SUM_CONST = REDUCER_CONSTANTS[REDUCER_SUM]
+
+RULE_FAMILIES: tuple[RuleFamily, ...] = (
+    _family(1, "Key_LayoutPair", "layout.dl", "broadcast_in_dim transpose reshape",
+            "the same data movement on both sides"),
+    _family(2, "Key_DistSlice", "layout.dl", "slice", "a slice on the distributed side"),
+    _family(3, "Key_DistDynSlice", "layout.dl", "dynamic_slice",
+            "a dynamic_slice on the distributed side"),
+    _family(4, "Key_SeqSlice", "layout.dl", "slice", "a slice on the sequential side"),
+    _family(5, "Key_Iota", "layout.dl", "iota", "iota on both sides"),
+    _family(6, "Key_Dot", "contraction.dl", "dot_general", "dot_general on both sides"),
+    _family(7, "Key_Reduce", "contraction.dl", "reduce_sum reduce_max reduce_min",
+            "a reduction on both sides"),
+    _family(8, "Key_Gather", "gather.dl", "gather", "gather on both sides"),
+    _family(21, "Key_ReshapeGroups", "layout_algebra.dl", "reshape",
+            "reshapes paired by the sequential reshape's groups"),
+    _family(22, "Key_SeqBroadcastOnes", "layout_algebra.dl", "broadcast_in_dim",
+            "a sequential-only broadcast of size-1 dims"),
+    _family(23, "Key_Pad", "padding.dl", "pad", "pad on both sides"),
+)
+CONSTANTS: tuple[Constant, ...] = (UNIT, *REDUCER_CONSTANTS, *(f.const for f in RULE_FAMILIES))
+assert len({f.key for f in RULE_FAMILIES}) == len(RULE_FAMILIES), "duplicate family key"
+assert not {c.name for c in CONSTANTS} & set(BY_NAME), "a constant shadows a relation"
+
+
+def rule_file_of(kind: str) -> str | None:
+    """The rule file whose assembler family derives views of `kind`'s outputs."""
+    for fam in RULE_FAMILIES:
+        if kind in fam.ops:
+            return fam.file
+    return None
+
+
 def render_decls() -> str:
     """The generated `datalog/schema.dl`."""
     out = [
         "// GENERATED from dlverify/schema.py by `python -m dlverify.schema` - do not edit.",
-        "// Defines: the types and every relation exchanged with Python (.input / .output).",
+        "// Defines: the types, every relation exchanged with Python (.input / .output)",
+        "// and the named constants (unit scale, reducer codes, assembler family keys).",
         "#pragma once",
         "",
     ]
@@ -272,6 +351,10 @@ def render_decls() -> str:
     for rel in RELATIONS:
         cols = ", ".join(f"{c.name}: {c.type}" for c in rel.columns)
         out += [f"/** {rel.doc} */", f".decl {rel.name}({cols})", f".{rel.role} {rel.name}", ""]
+    out.append("// Named constants: one fact each (the rule subset has no #define).")
+    for const in CONSTANTS:
+        out += [f"/** {const.doc} */", f".decl {const.name}({const.column.name}: {const.column.type})",
+                f"{const.name}({const.literal()}).", ""]
     return "\n".join(out)
 
 

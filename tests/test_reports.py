@@ -191,3 +191,23 @@ def test_json_status_and_matches_expectation(outcomes):
 def test_json_schema_lists_every_failure_kind():
     kinds = _schema("report-v1.schema.json")["$defs"]["failure"]["properties"]["kind"]["enum"]
     assert set(kinds) == set(FAILURE_KINDS)
+
+
+def test_explain_attributes_steps_to_the_family_rule_file():
+    from rulekit import Tiny
+
+    from test_rules_gather import last_token
+
+    t = Tiny()
+    xs, xd = t.input((8, 6, 4), (None, "x", None))
+    is_, id_ = t.input((1,), (), dtype="int32")
+    gs = t.sop("gather", [xs, is_], (1, 6, 4), **last_token((1, 6, 4)))
+    gd = t.dop("gather", [xd, id_], (1, 3, 4), **last_token((1, 3, 4)))
+    ys = t.sop("transpose", [gs], (4, 6, 1), permutation=(2, 1, 0))
+    yd = t.dop("transpose", [gd], (4, 3, 1), permutation=(2, 1, 0))
+    t.output(ys, yd, (None, "x", None))
+    out = t.run()
+    assert out.result.verified
+    text = "\n".join(explain(out.result, "out0", 1))
+    assert "by gather (gather.dl)" in text and "by transpose (layout.dl)" in text
+    assert "gather (layout.dl)" not in text

@@ -35,3 +35,46 @@ def test_every_rule_file_has_a_header_and_documented_decls():
             if line.startswith(".decl"):
                 prev = "\n".join(lines[max(0, i - 3):i])
                 assert "*/" in prev, f"{p.name}:{i + 1}: .decl without a doc comment"
+
+
+# ---------------------------------------------------------------- named constants
+
+RULE_FILES = [p for p in (ROOT / "datalog").glob("*.dl") if p.name != "schema.dl"]
+
+
+def test_constants_are_generated_as_one_fact_each():
+    text = S.render_decls()
+    for const in S.CONSTANTS:
+        assert f".decl {const.name}({const.column.name}: {const.column.type})" in text
+        assert f"\n{const.name}({const.literal()}).\n" in text
+    assert S.UNIT.literal() == "[0, 0, 0, 0]" and S.UNIT.value == S.UNIT_SCALE
+    assert [c.value for c in S.REDUCER_CONSTANTS] == [S.REDUCER_CODE[n] for n in S.REDUCERS]
+    assert len({f.key for f in S.RULE_FAMILIES}) == len(S.RULE_FAMILIES)
+
+
+def test_family_keys_are_used_by_their_files_only_and_never_as_literals():
+    import re
+
+    for fam in S.RULE_FAMILIES:
+        users = [p.name for p in RULE_FILES if f"{fam.const.name}(" in p.read_text()]
+        assert users == [fam.file], (fam.const.name, users)
+    for p in RULE_FILES:
+        for m in re.finditer(r"(Asm_Start|Emit)\([^\[\n]*\[(\d+),", p.read_text()):
+            raise AssertionError(f"{p.name}: literal family key {m.group(2)} in {m.group(0)}")
+
+
+def test_unit_scale_is_never_a_literal_in_the_rules():
+    for p in RULE_FILES:
+        assert "[0, 0, 0, 0]" not in p.read_text(), f"{p.name}: write Unit_Scale(unit)"
+
+
+def test_seed_and_view_columns_by_name():
+    assert S.VIEW.column_index("o") == 3 and S.VIEW.column_index("c") == 5
+    row = S.SEED.row(id=1, s=2, d=3, r=0, red=-1, op=0, axis=0, lo=0, hi=0, e2=0, e3=0, e5=0, e7=0)
+    assert row[S.SEED.column_index("d")] == 3 and len(row) == S.SEED.arity
+    import pytest
+
+    with pytest.raises(KeyError):
+        S.SEED.row(id=1)
+    with pytest.raises(KeyError):
+        S.VIEW.column_index("nope")

@@ -12,11 +12,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from dlverify import ir
+from dlverify import schema as S
 from dlverify.ir import Graph, Op
 from dlverify.verdict import UNIT_SCALE, Result, ViewFact, fmt_offsets, scale_value, short_path
-
-COLLECTIVE_RULES = "collectives.dl"
-
 
 @dataclass
 class Step:
@@ -27,12 +25,17 @@ class Step:
 
 
 def _family(kind: str) -> str:
+    """The rule family that derives views of a `kind` op's output, with its rule file:
+    the assembler families are declared in schema.RULE_FAMILIES."""
     if kind in ir.COLLECTIVES:
-        return f"{kind} ({COLLECTIVE_RULES})"
-    if kind in ("dot_general",) or kind.startswith("reduce_"):
-        return f"{kind} (contraction.dl)"
-    if kind in ir.LAYOUT:
+        return f"{kind} (collectives.dl)"
+    file = S.rule_file_of(kind)
+    if file is not None:
+        return f"{kind} ({file})"
+    if kind == "concatenate":  # chained block by block, not through the assembler
         return f"{kind} (layout.dl)"
+    if kind in ir.LAYOUT:
+        return f"{kind} (data movement rules)"
     return f"elementwise {kind} (elementwise.dl)"
 
 
