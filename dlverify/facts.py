@@ -110,7 +110,7 @@ class Exporter:
         for s, d, rel in zip(p.seq.inputs, p.dist.inputs, p.inputs):
             for r, offs in enumerate(rel.offsets):
                 seed += 1
-                self.add(S.SEED, seed, s, d, r, -1, 0, 0, 0, 0, 0, 0, 0, 0)
+                self.add(S.SEED, *S.seed_row(seed, s, d, r, None, S.UNIT_SCALE))
                 for i, o in enumerate(offs):
                     self.add(S.SEED_OFF, seed, i, o)
         for idx, (s, d, rel) in enumerate(zip(p.seq.outputs, p.dist.outputs, p.outputs)):

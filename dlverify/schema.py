@@ -328,6 +328,15 @@ assert len({f.key for f in RULE_FAMILIES}) == len(RULE_FAMILIES), "duplicate fam
 assert not {c.name for c in CONSTANTS} & set(BY_NAME), "a constant shadows a relation"
 
 
+def seed_row(seed_id: int, s: int, d: int, r: int, tag: tuple[int, ...] | None,
+             scale: tuple[int, ...]) -> tuple:
+    """A `Seed` row: tag (reducer, op, axis, lo, hi), or None for a complete value."""
+    red, op, axis, lo, hi = tag if tag is not None else (-1, 0, 0, 0, 0)
+    e2, e3, e5, e7 = scale
+    return SEED.row(id=seed_id, s=s, d=d, r=r, red=red, op=op, axis=axis, lo=lo, hi=hi,
+                    e2=e2, e3=e3, e5=e5, e7=e7)
+
+
 def rule_file_of(kind: str) -> str | None:
     """The rule file whose assembler family derives views of `kind`'s outputs."""
     for fam in RULE_FAMILIES:

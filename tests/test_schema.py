@@ -78,3 +78,13 @@ def test_seed_and_view_columns_by_name():
         S.SEED.row(id=1)
     with pytest.raises(KeyError):
         S.VIEW.column_index("nope")
+
+
+def test_seed_row_puts_tag_and_scale_in_their_columns():
+    row = S.seed_row(7, 1, 2, 3, (0, 9, 1, 4, 8), (1, 0, 2, 0))
+    col = S.SEED.column_index
+    assert (row[col("id")], row[col("s")], row[col("d")], row[col("r")]) == (7, 1, 2, 3)
+    assert tuple(row[col(n)] for n in ("red", "op", "axis", "lo", "hi")) == (0, 9, 1, 4, 8)
+    assert tuple(row[col(n)] for n in ("e2", "e3", "e5", "e7")) == (1, 0, 2, 0)
+    complete = S.seed_row(1, 1, 2, 0, None, S.UNIT_SCALE)
+    assert complete[col("red")] < 0 and complete[col("e2"):] == S.UNIT_SCALE

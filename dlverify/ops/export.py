@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from dlverify.ir import Graph, Op
     from dlverify.passes import Folded
 
-REDUCER_CODE = {"sum": S.REDUCER_SUM, "max": S.REDUCER_MAX, "min": S.REDUCER_MIN}
-_REDUCE_KIND = {"reduce_sum": S.REDUCER_SUM, "reduce_max": S.REDUCER_MAX, "reduce_min": S.REDUCER_MIN}
+REDUCER_CODE = S.REDUCER_CODE  # "sum" -> its code in the rules
+_REDUCE_KIND = {f"reduce_{name}": code for name, code in S.REDUCER_CODE.items()}
 
 
 class FactSink(Protocol):
