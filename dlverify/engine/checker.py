@@ -164,6 +164,11 @@ class _Checker:
                         raise refuse("`_` inside a sum aggregate (Soufflé sums over tuples or over "
                                       "variable bindings depending on its materialisation: name the "
                                       "variable)", file, lit.line)
+                    several = sum(isinstance(x, Atom) and not x.negated for x in in_agg.body) > 1
+                    if wild and in_agg.kind == "count" and several:
+                        raise refuse("`_` inside a count over several atoms (Soufflé counts the tuples "
+                                      "of one atom but only the named variables of several: name the "
+                                      "variable)", file, lit.line)
             else:
                 agg_side = [s for s in (lit.left, lit.right) if isinstance(s, Agg)]
                 if agg_side:
