@@ -20,13 +20,15 @@ complete it. The families (datalog/partials.dl, datalog/update.dl):
 """
 from __future__ import annotations
 
+from dlverify import schema as S
 from dlverify.ir import Graph
 
-FLAT_BASE = 1000
-ADD_BASE = 2000
-MASK_BASE = 3000
-WINDOW_BASE = 4000
-PAIR = 32   # axes encoded in pairs are below this
+# Declared once in schema.py, generated into datalog/schema.dl (Tag_FlatBase, ...).
+FLAT_BASE = S.TAG_FLAT_BASE
+ADD_BASE = S.TAG_ADD_BASE
+MASK_BASE = S.TAG_MASK_BASE
+WINDOW_BASE = S.TAG_WINDOW_BASE
+PAIR = S.TAG_PAIR   # axes encoded in pairs are below this
 
 
 def _op(graph: Graph, op_id: int):

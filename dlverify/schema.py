@@ -305,6 +305,21 @@ REDUCER_CONSTANTS = tuple(
     for name, code in REDUCER_CODE.items())
 REDUCER_SUM_CONST = REDUCER_CONSTANTS[REDUCER_SUM]
 
+# The `axis` field of a partial tag names the family of terms (dlverify/partial_tags.py):
+# below TAG_FLAT_BASE a reduced axis; above, pairs of axes (each below TAG_PAIR) or a dim.
+TAG_FLAT_BASE, TAG_ADD_BASE, TAG_MASK_BASE, TAG_WINDOW_BASE, TAG_PAIR = 1000, 2000, 3000, 4000, 32
+TAG_CONSTANTS = (
+    _const("Tag_FlatBase", "base:number", TAG_FLAT_BASE,
+           "Tag axis base: a dot_general's two partial contracted pairs, flattened."),
+    _const("Tag_AddBase", "base:number", TAG_ADD_BASE,
+           "Tag axis base: an add/sub of the partial results of two reductions."),
+    _const("Tag_MaskBase", "base:number", TAG_MASK_BASE,
+           "Tag axis base: an output masked to one index along a dim."),
+    _const("Tag_WindowBase", "base:number", TAG_WINDOW_BASE,
+           "Tag axis base: a sequential dynamic_update_slice's window along a dim."),
+    _const("Tag_Pair", "m:number", TAG_PAIR, "Axes encoded in pairs in a tag axis are below m."),
+)
+
 RULE_FAMILIES: tuple[RuleFamily, ...] = (
     _family(1, "Key_LayoutPair", "layout.dl", "broadcast_in_dim transpose reshape",
             "the same data movement on both sides"),
@@ -323,7 +338,8 @@ RULE_FAMILIES: tuple[RuleFamily, ...] = (
             "a sequential-only broadcast of size-1 dims"),
     _family(23, "Key_Pad", "padding.dl", "pad", "pad on both sides"),
 )
-CONSTANTS: tuple[Constant, ...] = (UNIT, *REDUCER_CONSTANTS, *(f.const for f in RULE_FAMILIES))
+CONSTANTS: tuple[Constant, ...] = (UNIT, *REDUCER_CONSTANTS, *TAG_CONSTANTS,
+                                   *(f.const for f in RULE_FAMILIES))
 assert len({f.key for f in RULE_FAMILIES}) == len(RULE_FAMILIES), "duplicate family key"
 assert not {c.name for c in CONSTANTS} & set(BY_NAME), "a constant shadows a relation"
 

@@ -88,3 +88,13 @@ def test_seed_row_puts_tag_and_scale_in_their_columns():
     assert tuple(row[col(n)] for n in ("e2", "e3", "e5", "e7")) == (1, 0, 2, 0)
     complete = S.seed_row(1, 1, 2, 0, None, S.UNIT_SCALE)
     assert complete[col("red")] < 0 and complete[col("e2"):] == S.UNIT_SCALE
+
+
+def test_partial_tag_bases_are_never_literals_in_the_rules():
+    import re
+
+    bases = {S.TAG_FLAT_BASE, S.TAG_ADD_BASE, S.TAG_MASK_BASE, S.TAG_WINDOW_BASE}
+    for p in RULE_FILES:
+        code = "\n".join(line.split("//")[0] for line in p.read_text().splitlines())
+        used = {int(n) for n in re.findall(r"\b\d+\b", code)} & bases
+        assert not used, f"{p.name}: write Tag_*Base(...) instead of {sorted(used)}"
