@@ -4,25 +4,33 @@ over 8 ranks, verified from ShapeDtypeStructs: time and peak memory per phase.
     python bench/bench_llama405b.py                 # all 126 layers
     python bench/bench_llama405b.py --layers 8      # the first 8 layers (same shapes)
     python bench/bench_llama405b.py --layers 2 --seq 1024 --engine clingo
+    python bench/bench_llama405b.py --layers 8 --dtype bfloat16 --train --json
 
 The model is examples/models/llama3.py with LLAMA31_405B: hidden 16384, 128
 query heads in 8 KV groups of head_dim 128 (one group per rank at TP=8), MLP
-53248, vocab 128256; float32 parameters (bfloat16 with --dtype bfloat16, which
-the jaxpr frontend does not yet handle); batch 1 and sequence 4096 by default
-(no dim reaches 2^31 elements). Nothing is materialised: both programs are
+53248, vocab 128256; float32 parameters (the real model's bfloat16 with
+--dtype bfloat16); batch 1 and sequence 4096 by default (no dim reaches 2^31
+elements). --train verifies the training step (loss and the gradient of every
+parameter) instead of the forward. Nothing is materialised: both programs are
 traced from jax.ShapeDtypeStructs and verified symbolically.
 
 Phases: trace (tracing both programs to IR), export (IR passes and fact
 tables), datalog (the fixpoint, segment by segment), report (the verdict).
 Peak memory per phase is the largest resident set size of this process seen
 while the phase ran (sampled every 5 ms; the clingo engine runs in-process,
-a Soufflé subprocess would not be counted). Times are wall-clock seconds.
+a Soufflé subprocess would not be counted). Times are wall-clock seconds, and
+CPU seconds of this process. The Datalog time is the whole engine time, a retry
+as one fixpoint included. With --json one JSON object is printed: per-phase
+wall and CPU seconds and peak MiB, facts, segments, engine runs, memo hits and
+the verdict.
 """
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import argparse  # noqa: E402
+import json  # noqa: E402
+import re  # noqa: E402
 import resource  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
@@ -70,6 +78,15 @@ class Sampler:
         return max(inside, default=_rss_mib())
 
 
+def _noted_segments(notes: list[str]) -> int:
+    """The segment count of a run without a segment plan, from its note."""
+    for n in notes:
+        m = re.match(r"evaluated in (\d+) segments", n)
+        if m:
+            return int(m.group(1))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=llama3.LLAMA31_405B.layers)
@@ -78,7 +95,10 @@ def main() -> int:
     ap.add_argument("--tp", type=int, default=8)
     ap.add_argument("--no-sp", action="store_true", help="tensor parallel only")
     ap.add_argument("--dtype", default=llama3.LLAMA31_405B.dtype,
-                    help="parameter dtype (bfloat16 hits a frontend gap, see llama3.LLAMA31_405B)")
+                    help="parameter dtype: float32, bfloat16 or float16")
+    ap.add_argument("--train", action="store_true", help="the training step, not the forward")
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--cache", type=Path, default=None, help="on-disk segment cache directory")
     ap.add_argument("--engine", default="auto", choices=["auto", "clingo", "souffle"])
     ap.add_argument("--window", type=int, default=None, help="ops per datalog segment")
     args = ap.parse_args()
@@ -86,37 +106,69 @@ def main() -> int:
     cfg = llama3.LLAMA31_405B._replace(layers=args.layers, seq=args.seq, batch=args.batch,
                                        dtype=args.dtype)
     sp = not args.no_sp
-    print(f"Llama-3.1-405B shapes: {cfg.layers} layers, hidden {cfg.d_model}, {cfg.heads} heads / "
-          f"{cfg.kv_heads} KV heads x {cfg.head_dim}, MLP {cfg.d_ff}, vocab {cfg.vocab}, "
-          f"batch {cfg.batch} x seq {cfg.seq}, {cfg.dtype}; TP={args.tp}{' + SP' if sp else ''}",
-          flush=True)
-    case = llama3.make_case(args.tp, sp=sp, train=False, cfg=cfg)
+    say = (lambda *a, **k: None) if args.json else print
+    say(f"Llama-3.1-405B shapes: {cfg.layers} layers, hidden {cfg.d_model}, {cfg.heads} heads / "
+        f"{cfg.kv_heads} KV heads x {cfg.head_dim}, MLP {cfg.d_ff}, vocab {cfg.vocab}, "
+        f"batch {cfg.batch} x seq {cfg.seq}, {cfg.dtype}; TP={args.tp}{' + SP' if sp else ''}"
+        f"{'; training step' if args.train else ''}", flush=True)
+    case = llama3.make_case(args.tp, sp=sp, train=args.train, cfg=cfg)
     kw = {} if args.window is None else {"window": args.window}
+    if args.cache is not None:
+        kw["cache_dir"] = args.cache
+    cpu0 = time.process_time()
 
     with Sampler() as smp:
         t0 = time.perf_counter()
         problem = import_jax(case.seq, case.dist, case.args, name=f"llama405b_{cfg.layers}l")
         t1 = time.perf_counter()
+        cpu_trace = time.process_time() - cpu0
         res = verify_problem(problem, engine=args.engine, timings={"trace": t1 - t0}, **kw)
         t2 = time.perf_counter()
+    cpu_total = time.process_time() - cpu0
 
-    # verify_problem runs export, datalog and report in that order: cut the
-    # samples at its reported phase times.
-    tm = res.timings
+    # verify_problem runs export, datalog and report in that order (a retry as one
+    # fixpoint sits inside the datalog phase): cut the samples at its phase times.
+    tm = dict(res.timings)
+    datalog_total = tm.get("datalog", 0.0) + tm.get("datalog_segmented", 0.0)
     bounds = {"trace": (t0, t1)}
     start = t1
-    for phase in ("export", "datalog", "report"):
-        end = start + tm.get(phase, 0.0)
-        bounds[phase] = (start, end)
-        start = end
+    for phase, secs in (("export", tm.get("export", 0.0)), ("datalog", datalog_total),
+                        ("report", tm.get("report", 0.0))):
+        bounds[phase] = (start, start + secs)
+        start += secs
+    peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+               max((m for _, m in smp.samples), default=0.0))
+    plan = res.segment_plan
+    report = {
+        "model": "llama3.1-405b-shapes", "layers": cfg.layers, "dtype": cfg.dtype,
+        "train": args.train, "tp": args.tp, "sp": sp, "seq": cfg.seq, "batch": cfg.batch,
+        "ops": {"sequential": len(problem.seq.ops), "distributed": len(problem.dist.ops)},
+        "phases": {p: {"wall_s": round(b - a, 3), "peak_mib": round(smp.peak(a, b), 1)}
+                   for p, (a, b) in bounds.items()},
+        "wall_s": round(t2 - t0, 3), "cpu_s": round(cpu_total, 3),
+        "cpu_trace_s": round(cpu_trace, 3), "cpu_verify_s": round(cpu_total - cpu_trace, 3),
+        "datalog_s": round(datalog_total, 3),
+        "retried_as_one_fixpoint": "datalog_segmented" in tm,
+        "peak_mib": round(peak, 1), "facts": res.fact_count, "derived": res.derived_count,
+        "segments": len(plan.segments) if plan else _noted_segments(res.notes),
+        "engine_runs": plan.engine_runs if plan else 1,
+        "memo_hits": plan.memo_hits if plan else 0,
+        "cache_hits": plan.cache_hits if plan else 0,
+        "engine": res.engine, "verified": res.verified,
+    }
+    if args.json:
+        print(json.dumps(report))
+        return 0 if res.verified else 1
     print(f"ops: sequential {len(problem.seq.ops)}, distributed {len(problem.dist.ops)} "
           f"(x {problem.mesh.size} ranks); facts {res.fact_count}, derived {res.derived_count}, "
           f"engine {res.engine}", flush=True)
     for phase, (a, b) in bounds.items():
-        print(f"  {phase:<8} {tm.get(phase, 0.0):9.2f} s   peak RSS {smp.peak(a, b):8.0f} MiB")
-    peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-               max((m for _, m in smp.samples), default=0.0))
-    print(f"  {'total':<8} {t2 - t0:9.2f} s   peak RSS {peak:8.0f} MiB (process maximum)")
+        print(f"  {phase:<8} {b - a:9.2f} s   peak RSS {smp.peak(a, b):8.0f} MiB")
+    print(f"  {'total':<8} {t2 - t0:9.2f} s   peak RSS {peak:8.0f} MiB (process maximum); "
+          f"CPU {cpu_total:.2f} s")
+    if plan is not None:
+        print(f"  segments {len(plan.segments)}: {plan.engine_runs} engine runs, "
+              f"{plan.memo_hits} memo hits ({plan.cache_hits} from the cache)")
     for note in res.notes[1:]:
         print(f"  note: {note}")
     print(f"verdict: {'verified' if res.verified else 'NOT verified'}")

@@ -33,21 +33,23 @@ DEFAULT_WINDOW = 96  # ops per segment (bench/bench_verify.py); smaller graphs r
 
 
 def _evaluate(problem: Problem, tables: dict, engine: EngineName, window: int,
-              keep_facts: Path | None):
+              keep_facts: Path | None, cache_dir: Path | None = None):
     """One engine run over the whole problem, or segment by segment when it is large."""
     if needs_segments(problem, window):
         if keep_facts is not None:  # the whole problem, replayable as one fixpoint
             write_facts_dir(keep_facts, [r.name for r in S.INPUTS],
                             {r.name: rows for r, rows in tables.items()})
-        return run_segmented(problem, tables, rules_path(), engine, window)
+        return run_segmented(problem, tables, rules_path(), engine, window, cache_dir)
     return run_program(rules_path(), tables, S.OUTPUTS, engine=engine, keep_dir=keep_facts)
 
 
 def verify_problem(problem: Problem, engine: EngineName = "auto",
                    keep_facts: Path | None = None,
                    timings: dict[str, float] | None = None,
-                   window: int = DEFAULT_WINDOW, reporter: Any = None) -> Result:
-    """`reporter` (dlverify.supervise.Reporter) is told the phases."""
+                   window: int = DEFAULT_WINDOW, reporter: Any = None,
+                   cache_dir: Path | None = None) -> Result:
+    """`reporter` (dlverify.supervise.Reporter) is told the phases. `cache_dir`: an
+    on-disk cache of segment results (dlverify/memo.py); off when None."""
     def phase(name: str) -> None:
         if reporter is not None:
             reporter.phase(name)
@@ -66,7 +68,8 @@ def verify_problem(problem: Problem, engine: EngineName = "auto",
         keep_facts.mkdir(parents=True, exist_ok=True)
     notes = [REAL_ARITHMETIC_NOTE]
     phase("engine")
-    res = _evaluate(problem, tables, engine, window, keep_facts)
+    res = _evaluate(problem, tables, engine, window, keep_facts, cache_dir)
+    plan = res.plan if isinstance(res, SegmentedRun) else None
     phase("judge")
     t1 = time.perf_counter()
     judge = Judge(problem, res.relations)
@@ -95,7 +98,7 @@ def verify_problem(problem: Problem, engine: EngineName = "auto",
         assumptions=list(problem.assumptions) + judge.inferred, notes=notes, timings=timings,
         fact_count=sum(len(v) for v in tables.values()),
         derived_count=sum(len(v) for v in res.relations.values()), engine=res.engine,
-        views=judge.views, problem=problem)
+        views=judge.views, problem=problem, segment_plan=plan)
 
 
 def verify_jax(seq_fn: Callable[..., Any], dist_fn: Callable[..., Any], *args: Any,

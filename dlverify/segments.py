@@ -2,18 +2,37 @@
 
 One fixpoint over a whole deep graph costs time quadratic in its depth (on
 clingo and Soufflé alike, see shared/research/engines.md), so large problems
-are evaluated in windows of ops in topological order. Each window gets the
-facts of its ops (all of each op's facts, never part of them), and as seeds the
-views already derived for the tensors its ops read. The rules are sound on any
-such subset, so the union of the windows' views is sound; the distributed
-windows advance on a fixed schedule and each sequential window follows the
-sequential positions already matched, so corresponding layers meet.
+are evaluated in segments: a window of distributed ops in program order paired
+with a window of sequential ops. Each segment's engine run gets every fact of
+its ops (all of an op's facts, never part of them), the facts of the tensors
+they touch, the interned values and reduction sizes those facts name, and as
+seeds the views already derived for the tensors its ops read. Every rule is
+sound on any such subset, so the union of the segments' views is sound.
 
-The frontier of a window can name an op whose output only a later window
-relates; the final frontier keeps only ops whose outputs have no view at all.
+The schedule follows the derivation, not a clock:
+- a segment starts at the first distributed op that is *ready* (its operands
+  have views, its result has none) and has not been tried yet; an op ready at
+  the start of a segment counts as tried, so every segment makes progress and
+  a chain of any length advances one segment at a time (no lagging window);
+- it ends at a boundary of the program's repeated blocks (dlverify/structure.py)
+  when the program has them, so the segments of equal layers are equal up to
+  renaming and one engine run serves them all (dlverify/memo.py);
+- the sequential window starts at the first ready, untried sequential op that
+  reads a tensor related to a tensor the distributed window reads (the partner
+  of a ready distributed op reads exactly such tensors), or earlier at the
+  first ready, untried sequential op at all (tables computed from constants),
+  and covers as many sequential blocks as the distributed window covers blocks.
+  A sequential op ready at the start counts as tried once an op after it in
+  the same window was related.
+
+Outputs and the failing frontier are judged after the last segment from the
+union of the views (the same definitions as datalog/verdict.dl), so no
+whole-program rows travel with every segment.
 """
 from __future__ import annotations
 
+import heapq
+import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -23,12 +42,17 @@ from dlverify import schema as S
 from dlverify.engine import EngineName, run_program
 from dlverify.facts import FactTables
 from dlverify.ir import Graph
+from dlverify.memo import Memo, canonicalise, offsets_record, views_back
 from dlverify.problem import Problem
+from dlverify.structure import Repetition, Segment, SegmentPlan, find_repetition
 
-# Relations every window needs whole: they are small and not tied to the window's ops.
-GLOBAL = frozenset({S.RANK_COUNT, S.VALUE_INT, S.VALUE_RATIO, S.VALUE_EXP, S.CONTRACT_SIZE,
-                    S.OUTPUT_PAIR, S.OUTPUT_OFF})
+# Small relations every segment needs whole.
+GLOBAL = frozenset({S.RANK_COUNT})
+# Judged once after the last segment (see `_judge_outputs`).
+OUTPUT_RELS = frozenset({S.OUTPUT_PAIR, S.OUTPUT_OFF})
 SEEDS = frozenset({S.SEED, S.SEED_OFF})
+VALUE_RELS = frozenset({S.VALUE_INT, S.VALUE_EXP, S.VALUE_RATIO})
+SEQ_SLACK = 1.5  # sequential ops per distributed op, times the programs' ratio, off the blocks
 
 ViewRow = tuple  # (s, d, r, offsets-record, tag-record | None, scale-record), as the engine returns it
 
@@ -40,104 +64,128 @@ class SegmentedRun:
     engine: str
     windows: int
     per_window: list[float] = field(default_factory=list)
-
-
-def _offsets_record(offs: tuple[int, ...]) -> object:
-    rec: object = None
-    for o in reversed(offs):
-        rec = (o, rec)
-    return rec
-
-
-def _record_offsets(rec: object) -> list[int]:
-    out = []
-    while rec is not None:
-        h, rec = rec  # type: ignore[misc]
-        out.append(h)
-    return out
+    plan: SegmentPlan | None = None  # how the programs were cut and paired
 
 
 class _Index:
-    """Rows of the fact tables grouped by the ops and tensors they mention."""
+    """Rows of the fact tables grouped by the op, tensor or value they describe."""
 
     def __init__(self, tables: FactTables) -> None:
         self.by_op: dict[int, list[tuple[S.Relation, tuple]]] = defaultdict(list)
         self.by_tensor: dict[int, list[tuple[S.Relation, tuple]]] = defaultdict(list)
+        self.by_value: dict[int, list[tuple[S.Relation, tuple]]] = defaultdict(list)
+        self.contract: dict[int, list[tuple]] = defaultdict(list)
         self.global_rows: dict[S.Relation, list[tuple]] = {}
         for rel, rows in tables.items():
-            if rel in GLOBAL:
+            if rel in GLOBAL or rel in OUTPUT_RELS:
                 self.global_rows[rel] = list(rows)
                 continue
             if rel in SEEDS:
                 continue
+            if rel in VALUE_RELS:
+                for row in rows:
+                    self.by_value[row[0]].append((rel, row))
+                continue
             op_cols = [i for i, c in enumerate(rel.columns) if c.type == "OpId"]
             t_cols = [i for i, c in enumerate(rel.columns) if c.type == "TensorId"]
+            assert op_cols or t_cols, f"{rel.name}: no column to place its rows by"
             for row in rows:
+                if rel is S.CONTRACT_SIZE:
+                    self.contract[row[0]].append(row)
                 if op_cols:
                     self.by_op[row[op_cols[0]]].append((rel, row))
-                elif t_cols:
+                else:
                     self.by_tensor[row[t_cols[0]]].append((rel, row))
 
 
-def _positions(g: Graph) -> dict[int, int]:
-    """Topological position of the op producing each tensor."""
-    return {op.output: i for i, op in enumerate(g.ops)}
+class _Side:
+    """Readiness bookkeeping of one program: which tensors have views (or need
+    none), which ops have all operands related, which ops were tried."""
+
+    def __init__(self, g: Graph, has: set[int]) -> None:
+        self.ops = g.ops
+        self.has = has
+        self.consumers: dict[int, list[int]] = defaultdict(list)
+        self.pending: list[int] = []
+        self.tried: set[int] = set()
+        self.heap: list[int] = []
+        self.last_use = {t: len(g.ops) for t in g.outputs}
+        self.producer = {op.output: i for i, op in enumerate(g.ops)}
+        for i, op in enumerate(g.ops):
+            ins = set(op.inputs)
+            for t in ins:
+                self.consumers[t].append(i)
+                self.last_use[t] = i
+            missing = sum(1 for t in ins if t not in has)
+            self.pending.append(missing)
+            if missing == 0 and op.inputs:
+                self.heap.append(i)
+        heapq.heapify(self.heap)
+
+    def ready(self, i: int) -> bool:
+        op = self.ops[i]
+        return bool(op.inputs) and self.pending[i] == 0 and op.output not in self.has
+
+    def add(self, t: int) -> None:
+        if t in self.has:
+            return
+        self.has.add(t)
+        for i in self.consumers.get(t, ()):
+            self.pending[i] -= 1
+            if self.pending[i] == 0:
+                heapq.heappush(self.heap, i)
+
+    def first_ready(self) -> int | None:
+        while self.heap:
+            i = self.heap[0]
+            if i in self.tried or not self.ready(i):
+                heapq.heappop(self.heap)
+                continue
+            return i
+        return None
 
 
-def _last_use(g: Graph) -> dict[int, int]:
-    """Position of the last op reading each tensor; outputs live to the end."""
-    last = {t: len(g.ops) for t in g.outputs}
-    for i, op in enumerate(g.ops):
-        for t in op.inputs:
-            last[t] = max(last.get(t, -1), i)
-    return last
-
-
-def _aligned(matched: list[int], p: int, span: int) -> int:
-    """The sequential position that corresponds to distributed position p: the
-    median of the matches of the last `span` distributed ops before p (a median,
-    because a few ops relate to far-away positions: tables computed once, outputs)."""
-    recent = sorted(m for m in matched[max(0, p - span):p + 1] if m >= 0)
-    if not recent:
-        earlier = [m for m in matched[:p + 1] if m >= 0]
-        return max(earlier, default=-1)
-    return recent[len(recent) // 2]
-
-
-def _first_ready(ops: list, start: int, stop: int, has: set[int]) -> int:
-    """Position of the first op in [start, stop) whose operands are all related but
-    whose output is not; `stop` when there is none."""
-    for p in range(start, stop):
-        op = ops[p]
-        if op.inputs and op.output not in has and all(i in has for i in op.inputs):
-            return p
-    return stop
+def _block_end(rep: Repetition | None, p: int, window: int, n: int) -> tuple[int, str]:
+    """End of the distributed window starting at p, and why it ends there."""
+    if rep is not None and rep.start <= p < rep.stop:
+        m = max(1, round(window / rep.period))
+        k = min(rep.count, (p + m * rep.period - rep.start) // rep.period)
+        end = rep.start + k * rep.period
+        if end <= p:
+            end = min(rep.stop, rep.start + ((p - rep.start) // rep.period + 1) * rep.period)
+        first = (p - rep.start) // rep.period
+        return end, f"blocks {first}..{(end - rep.start - 1) // rep.period} of {rep.count}"
+    if rep is not None and p < rep.start <= p + window:
+        return rep.start, "ops before the repeated blocks"
+    return min(n, p + window), f"{window}-op window"
 
 
 def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: EngineName,
-                  window: int) -> SegmentedRun:
+                  window: int, cache_dir: Path | None = None) -> SegmentedRun:
     index = _Index(tables)
-    seq_ops, dist_ops = problem.seq.ops, problem.dist.ops
-    pos_s, pos_d = _positions(problem.seq), _positions(problem.dist)
-    # A view can only help a window if both of its tensors are still read at or
-    # after the window's start (or are outputs): dead views are not seeded, which
-    # keeps the seeds of a window proportional to the window, not to the graph.
-    last_s, last_d = _last_use(problem.seq), _last_use(problem.dist)
-    consumers_s: dict[int, list[int]] = defaultdict(list)
-    for i, op in enumerate(seq_ops):
-        for t in op.inputs:
-            consumers_s[t].append(i)
-    outputs = set(problem.seq.outputs) | set(problem.dist.outputs)
+    seq, dist = problem.seq, problem.dist
+    seq_ops, dist_ops = seq.ops, dist.ops
+
+    # Tensors that have a view, or need none (constants): what "ready" is judged by.
+    has_s = set(seq.inputs) | {op.output for op in seq_ops if not op.inputs}
+    has_s |= {row[0] for row in tables.get(S.SEQ_SPLAT, [])}
+    has_d = set(dist.inputs) | {op.output for op in dist_ops if not op.inputs}
+    has_d |= {row[0] for row in tables.get(S.DIST_SPLAT, [])}
+    side_s, side_d = _Side(seq, has_s), _Side(dist, has_d)
 
     known: set[ViewRow] = set()
     by_seq: dict[int, set[ViewRow]] = defaultdict(set)
     by_dist: dict[int, set[ViewRow]] = defaultdict(set)
 
-    def learn(row: ViewRow) -> None:
-        if row not in known:
-            known.add(row)
-            by_seq[row[0]].add(row)
-            by_dist[row[1]].add(row)
+    def learn(row: ViewRow) -> bool:
+        if row in known:
+            return False
+        known.add(row)
+        by_seq[row[0]].add(row)
+        by_dist[row[1]].add(row)
+        side_s.add(row[0])
+        side_d.add(row[1])
+        return True
 
     # The input relations are the first seeds.
     offs: dict[int, dict[int, int]] = defaultdict(dict)
@@ -146,115 +194,218 @@ def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: E
     for row in tables.get(S.SEED, []):
         sid, s, d, r, red, op, ax, lo, hi, *e = row
         o = tuple(offs[sid][i] for i in range(len(offs[sid])))
-        learn((s, d, r, _offsets_record(o), None if red < 0 else (red, op, ax, lo, hi), tuple(e)))
+        learn((s, d, r, offsets_record(o), None if red < 0 else (red, op, ax, lo, hi), tuple(e)))
 
-    # matched[p] = the furthest sequential position related to the distributed op at p (-1: none)
-    matched = [-1] * max(1, len(dist_ops))
-    seq_per_dist = max(1.0, len(seq_ops) / max(1, len(dist_ops)))
-    seq_width = int(window * seq_per_dist * 1.5) + 1
-    back = max(4, window // 8)  # overlap between consecutive windows, for alignment drift
-    reach = 4 * window
-    # Tensors that have a view, or need none (constants): what "ready" is judged by.
-    has_s = set(problem.seq.inputs) | {op.output for op in seq_ops if not op.inputs}
-    has_s |= {row[0] for row in tables.get(S.SEQ_SPLAT, [])}
-    has_d = set(problem.dist.inputs) | {op.output for op in dist_ops if not op.inputs}
-    has_d |= {row[0] for row in tables.get(S.DIST_SPLAT, [])}
-
-    ok: set[tuple] = set()
-    seq_front: set[int] = set()
-    dist_front: set[tuple[int, int]] = set()
+    rep_s, rep_d = find_repetition(seq), find_repetition(dist)
+    plan = SegmentPlan(rep_s, rep_d)
+    memo = Memo(main_dl, str(engine), cache_dir)
+    ratio = len(seq_ops) / max(1, len(dist_ops))
     per_window: list[float] = []
     engine_name = ""
     t_start = time.perf_counter()
-    a = 0
+    floor_s = 0
     while True:
-        # Each window starts at the earliest op that is ready (operands related,
-        # output not yet) on either side, so a pair whose halves drifted apart
-        # meets again; reaching back is capped so a stuck op cannot make windows grow.
-        ready_d = _first_ready(dist_ops, max(0, a - reach), a, has_d)
-        d_lo, d_hi = max(0, min(ready_d, a) - back), min(len(dist_ops), a + window)
-        best = _aligned(matched, d_lo, window)
-        ready_s = _first_ready(seq_ops, max(0, best - reach), max(best, 0), has_s)
-        # The partners of the first ready distributed op read the sequential
-        # tensors its operands are related to: start the sequential window there
-        # too (its partner may already be related to something else).
-        anchor = best
-        if ready_d < len(dist_ops):
-            floor = max(0, best - reach)
-            for t in dist_ops[ready_d].inputs:
-                for row in by_dist.get(t, ()):
-                    for q in consumers_s.get(row[0], ()):
-                        if floor <= q < anchor:
-                            anchor = q
-        s_lo = max(0, min(ready_s, best, anchor) - back)
-        s_hi = min(len(seq_ops), max(best, 0) + seq_width)
-        if a + window >= len(dist_ops):
-            s_hi = len(seq_ops)  # the last window takes the rest of the sequential program
-        w_ops = seq_ops[s_lo:s_hi] + dist_ops[d_lo:d_hi]
-        tensors = set(outputs)
-        op_ids = set()
+        p = side_d.first_ready()
+        if p is None:
+            break
+        d_hi, reason = _block_end(rep_d, p, window, len(dist_ops))
+        d_reads = {t for op in dist_ops[p:d_hi] for t in op.inputs}
+        ready_d = [i for i in range(p, d_hi) if side_d.ready(i) and i not in side_d.tried]
+        # Where the window's partners begin; earlier when ops computed from
+        # constants alone (rope tables, masks) are still waiting.
+        q = _seq_start(ready_d, dist_ops, seq_ops, by_dist, side_s)
+        why = "from the first partner (same kind, related operands) of a ready distributed op"
+        first = side_s.first_ready()
+        if first is not None and (q is None or first < q):
+            q, why = first, "from the first ready sequential op (computed from constants)"
+        if q is None:
+            q, why = floor_s, "where the previous one started (no partner candidates)"
+        if rep_d is not None and rep_s is not None and rep_d.start <= p < rep_d.stop:
+            s_len = math.ceil((d_hi - p) / rep_d.period) * rep_s.period
+            why += f", as many sequential blocks of {rep_s.period} ops"
+        else:
+            s_len = math.ceil((d_hi - p) * max(1.0, ratio) * SEQ_SLACK) + 1
+        s_hi = min(len(seq_ops), q + s_len)
+        ready_s = [i for i in range(q, s_hi) if side_s.ready(i) and i not in side_s.tried]
+
+        order: list[int] = []
+        w_ops = (_constant_producers(side_s, q, s_hi, by_seq) + seq_ops[q:s_hi]
+                 + _constant_producers(side_d, p, d_hi, by_dist) + dist_ops[p:d_hi])
         for op in w_ops:
-            op_ids.add(op.id)
-            tensors.add(op.output)
-            tensors.update(op.inputs)
+            order.append(op.id)
+            order.extend(op.inputs)
+            order.append(op.output)
         seeds: set[ViewRow] = set()
-        for op in seq_ops[s_lo:s_hi]:
+        for op in seq_ops[q:s_hi]:
             for t in op.inputs:
                 seeds |= by_seq.get(t, set())
-        for op in dist_ops[d_lo:d_hi]:
-            for t in op.inputs:
-                seeds |= by_dist.get(t, set())
-        for t in outputs:
+        for t in d_reads:
             seeds |= by_dist.get(t, set())
         seeds = {row for row in seeds
-                 if last_s.get(row[0], -1) >= s_lo and last_d.get(row[1], -1) >= d_lo}
-        for row in seeds:
-            tensors.add(row[0])
-            tensors.add(row[1])
-        wt: dict[S.Relation, list[tuple]] = defaultdict(list)
-        for rel, rows in index.global_rows.items():
-            wt[rel] = rows
-        for o in op_ids:
-            for rel, row in index.by_op.get(o, ()):
-                wt[rel].append(row)
-        for t in tensors:
-            for rel, row in index.by_tensor.get(t, ()):
-                wt[rel].append(row)
-        for sid, (s, d, r, o, p, c) in enumerate(sorted(seeds, key=repr), start=1):
-            tag = p if p is not None else (-1, 0, 0, 0, 0)
-            wt[S.SEED].append((sid, s, d, r, *tag, *c))
-            for i, off in enumerate(_record_offsets(o)):
-                wt[S.SEED_OFF].append((sid, i, off))
-        res = run_program(main_dl, wt, S.OUTPUTS, engine=engine)
-        engine_name = res.engine
-        per_window.append(res.seconds)
-        for row in res.relations[S.VIEW.name]:
-            learn(tuple(row))
-            s, d = row[0], row[1]
-            has_s.add(s)
-            has_d.add(d)
-            if s in pos_s and d in pos_d:
-                matched[pos_d[d]] = max(matched[pos_d[d]], pos_s[s])
-        ok.update(tuple(r) for r in res.relations[S.OUTPUT_OK.name])
-        seq_front.update(r[0] for r in res.relations[S.SEQ_FRONTIER.name])
-        dist_front.update(tuple(r) for r in res.relations[S.DIST_FRONTIER.name])
-        if d_hi >= len(dist_ops) and s_hi >= len(seq_ops):
-            break
-        a += window
-        if a >= len(dist_ops):
-            a = max(0, len(dist_ops) - window + back + 1)
+                 if side_s.last_use.get(row[0], -1) >= q and side_d.last_use.get(row[1], -1) >= p}
+        wt = _window_tables(index, order, seeds)
+        canon = canonicalise(order, wt, seeds)
+        t0 = time.perf_counter()
+        rows = memo.get(canon.key)
+        source = "memo"
+        if rows is None:
+            res = run_program(main_dl, canon.tables, [S.VIEW], engine=engine)
+            engine_name = res.engine
+            rows = [tuple(r) for r in res.relations[S.VIEW.name]]
+            memo.put(canon.key, rows)
+            source = "engine"
+            plan.engine_runs += 1
+        elif memo.disk_hits > plan.cache_hits:
+            source = "cache"
+        plan.cache_hits = memo.disk_hits
+        seconds = time.perf_counter() - t0
+        per_window.append(seconds)
+        new = sum(learn(v) for v in views_back(canon, rows))
 
-    producer_s = {op.id: op.output for op in seq_ops}
-    producer_d = {op.id: op.output for op in dist_ops}
-    dist_has = {(row[1], row[2]) for row in known}
+        side_d.tried.update(ready_d)
+        matched = [i for i in range(q, s_hi) if seq_ops[i].output in by_seq]
+        if matched:
+            side_s.tried.update(i for i in ready_s if i <= matched[-1])
+        floor_s = q
+        plan.segments.append(Segment(len(plan.segments), (q, s_hi), (p, d_hi), len(seeds), new,
+                                     seconds, source, f"distributed: {reason}; sequential: {why}"))
+    plan.memo_hits = memo.hits
     relations = {
         S.VIEW.name: sorted(known, key=repr),
-        S.OUTPUT_OK.name: sorted(ok),
-        S.SEQ_FRONTIER.name: sorted((o,) for o in seq_front if not by_seq.get(producer_s[o])),
-        S.DIST_FRONTIER.name: sorted((o, r) for o, r in dist_front if (producer_d[o], r) not in dist_has),
+        S.OUTPUT_OK.name: _judge_outputs(index, known, main_dl, engine),
+        **_frontiers(problem, tables, known),
     }
-    return SegmentedRun(relations, time.perf_counter() - t_start, engine_name, len(per_window),
-                        per_window)
+    return SegmentedRun(relations, time.perf_counter() - t_start, engine_name or str(engine),
+                        len(per_window), per_window, plan)
+
+
+def _constant_producers(side: _Side, lo: int, hi: int, views: dict[int, set[ViewRow]]) -> list:
+    """Ops outside [lo, hi) that compute, from constants alone, tensors the window
+    reads and that have no view yet (iota, broadcast constants): their views are
+    derived from their own facts, so they join the window."""
+    prod = side.producer
+    want: set[int] = set()
+    stack = [t for op in side.ops[lo:hi] for t in op.inputs]
+    while stack:
+        t = stack.pop()
+        i = prod.get(t)
+        if i is None or lo <= i < hi or i in want or t not in side.has or t in views:
+            continue
+        want.add(i)
+        stack.extend(side.ops[i].inputs)
+    return [side.ops[i] for i in sorted(want)]
+
+
+def _seq_start(ready_d: list[int], dist_ops: list, seq_ops: list,
+               by_dist: dict[int, set[ViewRow]], side_s: _Side) -> int | None:
+    """The first sequential op that can be the partner of a distributed op ready at
+    the start of the window: the same kind and arity, and each operand related to
+    the distributed operand at the same position (operands with no view yet,
+    constants, match anything). A candidate whose result has no view yet is
+    preferred: ops of equal operands recur in every layer (a broadcast of the rope
+    table), and the partner is the one not yet related. None when no ready op has
+    a candidate partner."""
+    best: int | None = None
+    for i in ready_d:
+        dop = dist_ops[i]
+        related = [{row[0] for row in by_dist.get(t, ())} for t in dop.inputs]
+        keyed = [(len(r), k) for k, r in enumerate(related) if r]
+        if not keyed:
+            continue
+        _, k = min(keyed)
+        fresh: int | None = None
+        done: int | None = None
+        for s in related[k]:
+            for c in side_s.consumers.get(s, ()):
+                if fresh is not None and c >= fresh:
+                    break
+                sop = seq_ops[c]
+                if sop.kind != dop.kind or len(sop.inputs) != len(dop.inputs):
+                    continue
+                if not all(not r or t in r for t, r in zip(sop.inputs, related)):
+                    continue
+                if sop.output not in side_s.has:
+                    fresh = c
+                    break
+                if done is None or c < done:
+                    done = c
+        partner = fresh if fresh is not None else done
+        if partner is not None and (best is None or partner < best):
+            best = partner
+    return best
+
+
+def _window_tables(index: _Index, order: list[int], seeds: set[ViewRow]) -> dict[S.Relation, list[tuple]]:
+    """Every fact the rules can read about the window's ops, tensors and values."""
+    wt: dict[S.Relation, list[tuple]] = defaultdict(list)
+    for rel, rows in index.global_rows.items():
+        if rel not in OUTPUT_RELS:
+            wt[rel] = list(rows)
+    seen: set[int] = set()
+    tensors: list[int] = []
+    for x in order:
+        if x in seen:
+            continue
+        seen.add(x)
+        for rel, row in index.by_op.get(x, ()):
+            wt[rel].append(row)
+        tensors.append(x)
+    for s, d, *_ in seeds:
+        for t in (s, d):
+            if t not in seen:
+                seen.add(t)
+                tensors.append(t)
+    values: set[int] = set()
+    for t in tensors:
+        for rel, row in index.by_tensor.get(t, ()):
+            wt[rel].append(row)
+            if rel is S.SEQ_SPLAT:
+                values.add(row[1])
+            elif rel is S.DIST_SPLAT:
+                values.add(row[2])
+    # Partial terms carried in from earlier segments name their reduction: its size.
+    for _, _, _, _, tag, _ in seeds:
+        if tag is not None and tag[1] not in seen:
+            wt[S.CONTRACT_SIZE].extend(index.contract.get(tag[1], ()))
+    for v in values:
+        for rel, row in index.by_value.get(v, ()):
+            if rel is not S.VALUE_RATIO or row[1] in values:
+                wt[rel].append(row)
+    return wt
+
+
+def _judge_outputs(index: _Index, known: set[ViewRow], main_dl: Path,
+                   engine: EngineName) -> list[tuple]:
+    """Output_Ok, from the expected relations and the views of the output pairs."""
+    pairs = index.global_rows.get(S.OUTPUT_PAIR, [])
+    if not pairs:
+        return []
+    wanted = {(s, d) for s, d, _ in pairs}
+    seeds = {v for v in known if (v[0], v[1]) in wanted}
+    order = [t for s, d in sorted(wanted) for t in (s, d)]
+    wt = _window_tables(index, order, seeds)
+    for rel in OUTPUT_RELS:
+        wt[rel] = list(index.global_rows.get(rel, []))
+    canon = canonicalise(order, wt, seeds)
+    res = run_program(main_dl, canon.tables, [S.OUTPUT_OK], engine=engine)
+    b = canon.back
+    return sorted((b[s], b[d], r) for s, d, r in res.relations[S.OUTPUT_OK.name])
+
+
+def _frontiers(problem: Problem, tables: FactTables, known: set[ViewRow]) -> dict[str, list[tuple]]:
+    """Seq_Frontier and Dist_Frontier of the union of the views, as datalog/verdict.dl
+    defines them: ops whose operands are all related (or constants) but whose result is not."""
+    ranks = range(int(tables[S.RANK_COUNT][0][0])) if tables.get(S.RANK_COUNT) else range(1)
+    iota_ops = {row[0] for row in tables.get(S.IOTA_DIM, [])}
+    seq_has = {v[0] for v in known} | {row[0] for row in tables.get(S.SEQ_SPLAT, [])}
+    seq_has |= {op.output for op in problem.seq.ops if op.id in iota_ops}
+    dist_has = {(v[1], v[2]) for v in known} | {(row[0], row[1]) for row in tables.get(S.DIST_SPLAT, [])}
+    dist_has |= {(op.output, r) for op in problem.dist.ops if op.id in iota_ops for r in ranks}
+    seq_front = [(op.id,) for op in problem.seq.ops
+                 if op.inputs and op.output not in seq_has and all(t in seq_has for t in op.inputs)]
+    dist_front = [(op.id, r) for op in problem.dist.ops if op.inputs for r in ranks
+                  if (op.output, r) not in dist_has and all((t, r) in dist_has for t in op.inputs)]
+    return {S.SEQ_FRONTIER.name: sorted(seq_front), S.DIST_FRONTIER.name: sorted(dist_front)}
 
 
 def needs_segments(problem: Problem, window: int) -> bool:

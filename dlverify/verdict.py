@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Iterable, Literal
+from typing import TYPE_CHECKING, Iterable, Literal
 
 from dlverify import schema as S
 from dlverify.case import Expect
 from dlverify.ir import Frame
 from dlverify.problem import Problem
+
+if TYPE_CHECKING:  # a record of the segment runner's, only referred to here
+    from dlverify.structure import SegmentPlan
 
 UNIT_SCALE = S.UNIT_SCALE
 
@@ -105,6 +108,9 @@ class Result:
     views: list[ViewFact] = field(default_factory=list, repr=False)
     # The two programs, for --explain, --graph and --witness; left out of the JSON report.
     problem: Problem | None = field(default=None, repr=False)
+    # How a deep pair was cut into segments and why each pair of windows was made
+    # (`SegmentPlan.lines()`, for -v); None when evaluated as one fixpoint.
+    segment_plan: SegmentPlan | None = field(default=None, repr=False)
 
 
 Status = Literal["ok", "expected", "mismatch", "error"]

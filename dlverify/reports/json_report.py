@@ -13,14 +13,15 @@ JSON_SCHEMA_VERSION = 1
 def result_dict(res: Result) -> dict[str, Any]:
     """The Result without the derived views and the programs (kept for --explain
     and --graph, too large and not stable enough for a report)."""
-    problem, views = res.problem, res.views
-    res.problem, res.views = None, []
+    problem, views, plan = res.problem, res.views, res.segment_plan
+    res.problem, res.views, res.segment_plan = None, [], None
     try:
         d = asdict(res)
     finally:
-        res.problem, res.views = problem, views
+        res.problem, res.views, res.segment_plan = problem, views, plan
     d.pop("views")
     d.pop("problem")
+    d.pop("segment_plan")
     for f in d["failures"]:
         f["frames"] = [dict(fr) for fr in f["frames"]]
         f["ranks"] = list(f["ranks"])

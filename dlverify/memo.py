@@ -1,0 +1,217 @@
+"""Memoised segment runs: a segment's facts and incoming views with ids renamed
+canonically, hashed; a segment seen before reuses its derived views.
+
+Why this is sound: the rules compare tensor ids, op ids, value ids and op
+signatures only for equality (no arithmetic, no ordering, no id constants), so
+the fixpoint commutes with any injective renaming of them. Two segments whose
+renamed inputs are equal, row for row, therefore derive the same views up to
+that renaming. The key is the whole engine input (every row of every relation,
+seeds included), never a summary of it. The order in which ids are renamed
+(ops in program order, then their operands and result) only decides how often
+equal segments are recognised, not whether a hit is correct.
+
+The on-disk cache (`cache_dir`) keys results by the content hash, the hash of
+the rule files, dlverify's version and the engine, so a changed rule set or
+release never reads stale results.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+from dlverify import schema as S
+
+ViewRow = tuple  # (s, d, r, offsets-record, tag-record | None, scale-record)
+ID_TYPES = frozenset({"OpId", "TensorId"})
+# Relations whose ValueId columns are named first (by the tensor they describe),
+# so interned values get canonical names in a canonical order.
+VALUE_FIRST = (S.SEQ_SPLAT, S.DIST_SPLAT)
+
+
+@dataclass
+class Canonical:
+    """One segment's engine input in canonical ids, and the way back."""
+
+    tables: dict[S.Relation, list[tuple]]
+    key: str
+    back: list[int]  # canonical id -> original op or tensor id (index 0 unused)
+
+
+class _Namer:
+    def __init__(self) -> None:
+        self.fwd: dict[int, int] = {}
+        self.back: list[int] = [0]
+
+    def __call__(self, x: int) -> int:
+        y = self.fwd.get(x)
+        if y is None:
+            y = self.fwd[x] = len(self.back)
+            self.back.append(x)
+        return y
+
+
+def offsets_record(offs: tuple[int, ...] | list[int]) -> object:
+    rec: object = None
+    for o in reversed(offs):
+        rec = (o, rec)
+    return rec
+
+
+def record_offsets(rec: object) -> list[int]:
+    out = []
+    while rec is not None:
+        h, rec = rec  # type: ignore[misc]
+        out.append(h)
+    return out
+
+
+def _with_ids(row: tuple, cols: list[int], ids: _Namer) -> list:
+    new = list(row)
+    for i in cols:
+        new[i] = ids(row[i])
+    return new
+
+
+def canonicalise(order: list[int], tables: dict[S.Relation, list[tuple]],
+                 seeds: set[ViewRow]) -> Canonical:
+    """Rename the ids of a segment: `order` lists op and tensor ids in canonical order
+    (each op, its operands, its result, ops in program order); seeds become Seed rows."""
+    ids = _Namer()
+    for x in order:
+        ids(x)
+    # Seeds: tensors are named by the ops that read them; tag ops (reductions of
+    # earlier segments) in the order of the renamed seeds.
+    def seed_key(v: ViewRow) -> tuple:
+        s, d, r, o, p, c = v
+        tag = (-1, 0, 0, 0, 0) if p is None else (p[0], -1, p[2], p[3], p[4])
+        return (ids(s), ids(d), r, tuple(record_offsets(o)), tag, tuple(c))
+
+    ordered = sorted(seeds, key=seed_key)
+    out: dict[S.Relation, list[tuple]] = {}
+    seed_rows, off_rows = [], []
+    for sid, (s, d, r, o, p, c) in enumerate(ordered, start=1):
+        tag = None if p is None else (p[0], ids(p[1]), p[2], p[3], p[4])
+        seed_rows.append(S.seed_row(sid, ids(s), ids(d), r, tag, c))
+        for i, off in enumerate(record_offsets(o)):
+            off_rows.append((sid, i, off))
+    if seed_rows:
+        out[S.SEED] = seed_rows
+        out[S.SEED_OFF] = off_rows
+
+    values, sigs = _Namer(), _Namer()
+    rels = list(VALUE_FIRST) + [r for r in tables if r not in VALUE_FIRST]
+    for rel in rels:
+        rows = tables.get(rel)
+        if not rows:
+            continue
+        id_cols = [i for i, c in enumerate(rel.columns) if c.type in ID_TYPES]
+        val_cols = [i for i, c in enumerate(rel.columns) if c.type == "ValueId"]
+        sig_cols = [i for i, c in enumerate(rel.columns) if rel is S.OP_SIG and c.name == "sig"]
+        masked = val_cols + sig_cols
+
+        renamed = [_with_ids(row, id_cols, ids) for row in rows]
+        if masked:
+            # Name values and signatures in the order of the rows' other columns.
+            renamed.sort(key=lambda row: [0 if i in masked else x for i, x in enumerate(row)])
+            for row in renamed:
+                for i in val_cols:
+                    row[i] = values(row[i])
+                for i in sig_cols:
+                    row[i] = sigs(row[i])
+        out[rel] = sorted(tuple(row) for row in renamed)
+    h = hashlib.sha256()
+    for rel in sorted(out, key=lambda r: r.name):
+        h.update(rel.name.encode())
+        h.update(repr(out[rel]).encode())
+    return Canonical(out, h.hexdigest(), ids.back)
+
+
+def views_back(canon: Canonical, rows: list[tuple]) -> list[ViewRow]:
+    """Derived View rows of a canonical run, in the segment's own ids."""
+    b = canon.back
+    out = []
+    for s, d, r, o, p, c in rows:
+        tag = None if p is None else (p[0], b[p[1]], p[2], p[3], p[4])
+        out.append((b[s], b[d], r, o, tag, tuple(c)))
+    return out
+
+
+def rules_hash(main_dl: Path) -> str:
+    """A hash of every rule file next to `main_dl`."""
+    h = hashlib.sha256()
+    for path in sorted(Path(main_dl).parent.glob("*.dl")):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _version() -> str:
+    try:
+        return metadata.version("dlverify")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _tuplify(x: object) -> object:
+    if isinstance(x, list):
+        return tuple(_tuplify(v) for v in x)
+    return x
+
+
+@dataclass
+class Memo:
+    """Derived views per canonical segment, in memory and optionally on disk."""
+
+    main_dl: Path
+    engine: str
+    cache_dir: Path | None = None
+    hits: int = 0
+    disk_hits: int = 0
+    misses: int = 0
+    _mem: dict[str, list[tuple]] = field(default_factory=dict)
+    _salt: str = ""
+
+    def __post_init__(self) -> None:
+        if self.cache_dir is not None:
+            self.cache_dir = Path(self.cache_dir)
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            self._salt = f"{rules_hash(self.main_dl)}:{_version()}:{self.engine}"
+
+    def _path(self, key: str) -> Path:
+        assert self.cache_dir is not None
+        name = hashlib.sha256(f"{self._salt}:{key}".encode()).hexdigest()
+        return self.cache_dir / name[:2] / f"{name}.json"
+
+    def get(self, key: str) -> list[tuple] | None:
+        rows = self._mem.get(key)
+        if rows is not None:
+            self.hits += 1
+            return rows
+        if self.cache_dir is not None:
+            path = self._path(key)
+            if path.is_file():
+                try:
+                    data = json.loads(path.read_text())
+                except (OSError, ValueError):
+                    data = None  # a torn or foreign file: recompute
+                if isinstance(data, dict) and data.get("key") == key:
+                    rows = [tuple(_tuplify(v) for v in row) for row in data["views"]]
+                    self._mem[key] = rows
+                    self.hits += 1
+                    self.disk_hits += 1
+                    return rows
+        self.misses += 1
+        return None
+
+    def put(self, key: str, rows: list[tuple]) -> None:
+        self._mem[key] = rows
+        if self.cache_dir is not None:
+            path = self._path(key)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"key": key, "views": rows}))
+            os.replace(tmp, path)  # atomic: readers never see half a file

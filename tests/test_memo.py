@@ -1,0 +1,129 @@
+"""Memoised segments (dlverify/memo.py) and the repeated-block finder
+(dlverify/structure.py): equal segments up to renaming share one engine run, a
+segment that differs in one fact does not, and the verdict and the views are
+those of one fixpoint."""
+import sys
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+import dlverify
+from conftest import ROOT
+from dlverify import schema as S
+from dlverify.api import verify_problem
+from dlverify.frontends.jaxpr import import_jax
+from dlverify.memo import canonicalise, offsets_record, views_back
+from dlverify.structure import find_repetition
+
+sys.path.insert(0, str(ROOT / "examples" / "models"))
+import llama3  # noqa: E402
+
+
+def _chain(depth: int, bad_at: int | None = None):
+    def f(x):
+        for i in range(depth):
+            x = jnp.exp(x) if i == bad_at else jnp.tanh(x) * 2.0
+        return x
+    return f
+
+
+def _chain_problem(depth: int, bad_at: int | None = None):
+    mesh = dlverify.host_mesh((2,), ("x",))
+    dist_fn = _chain(depth, bad_at)
+    dist = jax.jit(jax.shard_map(dist_fn, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    args = (jax.ShapeDtypeStruct((8, 4), jnp.float32),)
+    return import_jax(_chain(depth), dist, args, name="chain")
+
+
+# ---------------------------------------------------------------- canonical keys
+
+def _window(base: int, sig: int):
+    """A two-op window (tanh of a seeded tensor in both programs) with ids from `base`."""
+    s_in, s_out, d_in, d_out, s_op, d_op = (base + k for k in range(6))
+    tables = {
+        S.SEQ_TENSOR: [(s_in,), (s_out,)], S.DIST_TENSOR: [(d_in,), (d_out,)],
+        S.TENSOR_RANK: [(t, 1) for t in (s_in, s_out, d_in, d_out)],
+        S.TENSOR_DIM: [(s_in, 0, 8), (s_out, 0, 8), (d_in, 0, 4), (d_out, 0, 4)],
+        S.OP_INPUT: [(s_op, 0, s_in), (d_op, 0, d_in)],
+        S.OP_OUTPUT: [(s_op, s_out), (d_op, d_out)],
+        S.ELEM_UNARY: [(s_op,), (d_op,)],
+        S.OP_SIG: [(s_op, sig), (d_op, sig)],
+        S.RANK_COUNT: [(2,)],
+    }
+    seeds = {(s_in, d_in, r, offsets_record((4 * r,)), None, (0, 0, 0, 0)) for r in range(2)}
+    order = [s_op, s_in, s_out, d_op, d_in, d_out]
+    return order, tables, seeds
+
+
+def test_equal_windows_up_to_renaming_have_one_key():
+    a = canonicalise(*_window(100, sig=7))
+    b = canonicalise(*_window(5000, sig=3))  # other ids, other interned signature
+    assert a.key == b.key
+    assert a.tables == b.tables
+
+
+def test_a_window_that_differs_in_one_fact_has_another_key():
+    order, tables, seeds = _window(100, sig=7)
+    base = canonicalise(order, tables, seeds)
+    tables2 = {**tables, S.TENSOR_DIM: [(100, 0, 8), (101, 0, 8), (102, 0, 4), (103, 0, 2)]}
+    assert canonicalise(order, tables2, seeds).key != base.key
+    seeds2 = {(100, 102, 0, offsets_record((0,)), None, (0, 0, 0, 0))}
+    assert canonicalise(order, tables, seeds2).key != base.key
+    tables3 = {**tables, S.OP_SIG: [(104, 7), (105, 8)]}  # the ops no longer pair
+    assert canonicalise(order, tables3, seeds).key != base.key
+
+
+def test_views_are_renamed_back_to_the_windows_own_ids():
+    order, tables, seeds = _window(100, sig=7)
+    canon = canonicalise(order, tables, seeds)
+    fwd = {orig: k for k, orig in enumerate(canon.back) if k}
+    row = (fwd[101], fwd[103], 1, offsets_record((4,)), (0, fwd[104], 0, 0, 4), (0, 0, 0, 0))
+    assert views_back(canon, [row]) == [(101, 103, 1, offsets_record((4,)), (0, 104, 0, 0, 4),
+                                         (0, 0, 0, 0))]
+
+
+# ---------------------------------------------------------------- repeated blocks
+
+def test_repeated_blocks_of_a_chain_and_of_a_model():
+    chain = _chain_problem(40)
+    rep = find_repetition(chain.dist)
+    assert rep is not None and rep.count >= 30
+    cfg = llama3.SMALL._replace(layers=6)
+    case = llama3.make_case(2, sp=True, train=False, cfg=cfg)
+    problem = import_jax(case.seq, case.dist, case.args, name="llama6")
+    for g in (problem.seq, problem.dist):
+        rep = find_repetition(g)
+        assert rep is not None
+        assert rep.count >= 4, rep  # 6 layers: the first and last differ in their neighbours
+        layer_ops = rep.period
+        assert layer_ops * cfg.layers < len(g.ops) < layer_ops * (cfg.layers + 3)
+
+
+# ---------------------------------------------------------------- end to end
+
+def test_memo_hits_give_the_views_and_verdict_of_one_fixpoint():
+    whole = verify_problem(_chain_problem(120), engine="clingo", window=10**6)
+    seg = verify_problem(_chain_problem(120), engine="clingo", window=24)
+    plan = seg.segment_plan
+    assert plan is not None and plan.memo_hits > 0
+    assert plan.engine_runs < len(plan.segments) / 2
+    assert seg.verified and whole.verified
+    assert set(seg.views) <= set(whole.views)
+    assert seg.outputs == whole.outputs
+
+
+def test_memo_does_not_hide_a_block_that_differs():
+    res = verify_problem(_chain_problem(200, bad_at=151), engine="clingo", window=24)
+    assert not res.verified
+    assert res.failures[0].op == "exp"
+
+
+def test_on_disk_cache_reuses_every_segment(tmp_path):
+    first = verify_problem(_chain_problem(120), engine="clingo", window=24, cache_dir=tmp_path)
+    again = verify_problem(_chain_problem(120), engine="clingo", window=24, cache_dir=tmp_path)
+    assert first.verified and again.verified
+    assert first.segment_plan.engine_runs > 0
+    assert again.segment_plan.engine_runs == 0
+    assert again.segment_plan.cache_hits > 0
+    assert set(again.views) == set(first.views)
