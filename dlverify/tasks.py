@@ -91,7 +91,8 @@ def run_case_task(job: CaseJob, reporter: Reporter = NULL_REPORTER) -> ItemRun:
 
 def run_hlo_task(job: HloJob, reporter: Reporter = NULL_REPORTER) -> list[ItemRun]:
     """Verify an HLO pair, or each partitioned module of a dump folder; render them."""
-    from dlverify.hlo_api import result_lines, verify_dump, verify_hlo
+    from dlverify.hlo_api import verify_dump, verify_hlo
+    from dlverify.reports.text import pair_text
     from dlverify.verdict import CaseOutcome
 
     reporter.phase("parse")
@@ -116,7 +117,7 @@ def run_hlo_task(job: HloJob, reporter: Reporter = NULL_REPORTER) -> list[ItemRu
             extras = Extras(extras.explain, extras.witness,
                             g.with_name(f"{g.stem}.{_file_safe(file) or i}{g.suffix}"),
                             extras.verbose)
-        lines = result_lines(name, res, secs, extras.verbose) + _extras(o, extras)
+        lines = pair_text(name, res, secs, extras.verbose) + _extras(o, extras)
         runs.append(ItemRun(_light(o), lines))
     return runs
 

@@ -211,3 +211,20 @@ def test_explain_attributes_steps_to_the_family_rule_file():
     text = "\n".join(explain(out.result, "out0", 1))
     assert "by gather (gather.dl)" in text and "by transpose (layout.dl)" in text
     assert "gather (layout.dl)" not in text
+
+
+def test_hlo_pair_text_shows_the_instruction_and_source_chain():
+    from dlverify.ir import Frame
+    from dlverify.reports.text import pair_text
+    from dlverify.verdict import Failure, Result
+
+    f = Failure("add", "/x/m.hlo", 12, "boom",
+                frames=(Frame("/x/m.hlo", 12, "add.3"), Frame("/y/model.py", 40, "fwd")))
+    bad = Result("p", False, ["out0: not proved"], [f], ["spec relation"])
+    assert pair_text("a vs b", bad, 0.5) == [
+        "NOT verified  a vs b  0.50s", "  add at m.hlo:12: boom",
+        "      at instruction %add.3 (m.hlo:12); source: model.py:40 (fwd)",
+        "  assumption: spec relation"]
+    good = Result("p", True, ["out0 = r0.out0"], [], ["spec relation"])
+    assert pair_text("a vs b", good, 0.5) == [
+        "verified      a vs b  0.50s", "  out0 = r0.out0", "  assumption: spec relation"]

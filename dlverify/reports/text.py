@@ -1,6 +1,7 @@
-"""Text for people: one status line per case, then its reconstructions or failures."""
+"""Text for people: one status line per case (or HLO pair), then its reconstructions or failures."""
 from __future__ import annotations
 
+from dlverify.ir import Frame
 from dlverify.verdict import CaseOutcome, Failure, Result, short_path
 
 
@@ -24,9 +25,13 @@ def result_text(res: Result, verbose: bool = False) -> list[str]:
     if verbose:
         lines += [f"  assumption: {a}" for a in res.assumptions]
         lines += [f"  note: {n}" for n in res.notes]
-        lines.append("  time: " + ", ".join(f"{k} {v:.2f}s" for k, v in res.timings.items())
-                     + f"; {res.fact_count} facts, {res.derived_count} derived, engine {res.engine}")
+        lines.append(_timing_line(res))
     return lines
+
+
+def _timing_line(res: Result) -> str:
+    return ("  time: " + ", ".join(f"{k} {v:.2f}s" for k, v in res.timings.items())
+            + f"; {res.fact_count} facts, {res.derived_count} derived, engine {res.engine}")
 
 
 def outcome_status(o: CaseOutcome) -> tuple[str, str]:
@@ -49,3 +54,43 @@ def outcome_text(o: CaseOutcome, verbose: bool = False) -> list[str]:
     status, verdict = outcome_status(o)
     head = f"{status:<9} {o.name}  {verdict}  {o.seconds:.2f}s"
     return [head] + result_text(o.result, verbose)
+
+
+# ---------------------------------------------------------------- HLO pairs (`check`, `check-dump`)
+
+def source_chain(frames: tuple[Frame, ...]) -> str:
+    """`instruction (file:line); source: innermost <- ... <- outermost` for a
+    failure located in an HLO module (frames[0] is the HLO instruction)."""
+    if not frames:
+        return ""
+    head, rest = frames[0], frames[1:]
+    text = f"instruction %{head.function} ({short_path(head.file)}:{head.line})" if head.function \
+        else f"{short_path(head.file)}:{head.line}"
+    if rest:
+        text += "; source: " + " <- ".join(
+            f"{short_path(f.file)}:{f.line}" + (f" ({f.function})" if f.function else "")
+            for f in rest)
+    return text
+
+
+def pair_text(name: str, res: Result, seconds: float, verbose: bool = False) -> list[str]:
+    """The verdict of one HLO pair: the reconstructions, or each failure followed by
+    its instruction and source chain (for the Neuron files, the Python stack of the
+    metadata); then the assumptions the verdict rests on, always."""
+    lines = [f"{'verified' if res.verified else 'NOT verified':<13} {name}  {seconds:.2f}s"]
+    if res.verified:
+        lines += result_text(res, verbose=False)
+    else:
+        shown = res.failures if verbose else res.failures[:3]
+        for f in shown:
+            lines.append(f"  {failure_line(f)}")
+            chain = source_chain(f.frames)
+            if chain:
+                lines.append(f"      at {chain}")
+        if len(res.failures) > len(shown):
+            lines.append(f"  ... and {len(res.failures) - len(shown)} more (--verbose)")
+    lines += [f"  assumption: {a}" for a in res.assumptions]
+    if verbose:
+        lines += [f"  note: {n}" for n in res.notes]
+        lines.append(_timing_line(res))
+    return lines
