@@ -21,8 +21,14 @@ from dlverify import schema as S
 from dlverify.errors import InputError
 from dlverify.ir import Graph, Op
 from dlverify.ops import KINDS
-from dlverify.ops.export import (REDUCER_CODE, Site, prime_exponents, reshape_groups,  # noqa: F401
-                                 reshape_map, reshape_signature)
+from dlverify.ops.export import (  # noqa: F401
+    REDUCER_CODE,
+    Site,
+    prime_exponents,
+    reshape_groups,
+    reshape_map,
+    reshape_signature,
+)
 from dlverify.passes import Folded
 from dlverify.problem import Problem
 

@@ -8,7 +8,7 @@ agree with a folder that computes an op wrongly.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -11,9 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from dlverify.frontends.jaxpr import Ctx, walk
 from jax import lax
 
-from dlverify.frontends.jaxpr import Ctx, walk
 from dlverify.interpret import Interpreter
 from dlverify.ir import Graph, GraphBuilder, IdAllocator
 from dlverify.ops import NotExecutable, evaluate

@@ -67,8 +67,9 @@ def test_arity_is_checked():
 @pytest.mark.parametrize("example", ["bitwise_offset.py", "megatron_mlp.py", "rotary_sp.py"])
 def test_frontend_ops_have_their_arity(example):
     from conftest import EXAMPLES
-    from dlverify.cases import load_cases
     from dlverify.frontends.jaxpr import import_jax
+
+    from dlverify.cases import load_cases
 
     for name, make in load_cases(EXAMPLES / example):
         c = make()

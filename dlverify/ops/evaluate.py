@@ -8,7 +8,8 @@ for the interpreter's inputs), as approximations of reals.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

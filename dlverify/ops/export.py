@@ -5,9 +5,10 @@ that says when a sequential and a distributed op compute the same function.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -36,9 +37,9 @@ class FactSink(Protocol):
 class Site:
     """One op being exported, with what its exporter may read."""
 
-    graph: "Graph"
-    op: "Op"
-    fold: "Folded"
+    graph: Graph
+    op: Op
+    fold: Folded
     dist: bool
     shapes: list[tuple[int, ...]]   # operand shapes, in operand order
     out_shape: tuple[int, ...]
@@ -340,7 +341,7 @@ def reduction(ex: FactSink, s: Site) -> tuple:
 
 
 # ----------------------------------------------------------------- collectives
-def _groups(ex: FactSink, op: "Op") -> None:
+def _groups(ex: FactSink, op: Op) -> None:
     groups = op.params["groups"]
     for g, grp in enumerate(groups):
         for idx, r in enumerate(grp):

@@ -13,12 +13,11 @@ NotExecutable instead of guessing.
 """
 from __future__ import annotations
 
-import string
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
-from scipy import special
 
 from dlverify.ops.dtypes import exact_dtype, is_exact
 
@@ -199,7 +198,7 @@ def shift_right_logical(call: Call) -> np.ndarray:
 def shift_right_arithmetic(call: Call) -> np.ndarray:
     x, s = _same_type(call)
     _require_int([x, s], "shift")
-    _, utype, stype = _int_info(x)
+    _, _, stype = _int_info(x)
     amount, big = _shift_amount(x, s)
     signed = x.astype(stype)           # the top bit is the sign, also for unsigned types
     r = np.right_shift(signed, amount.astype(stype))

@@ -9,7 +9,8 @@ function, `clamp_start`.
 from __future__ import annotations
 
 import string
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
