@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import math
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import clingo
@@ -14,6 +16,7 @@ from dlverify.engine import EngineResult, resolve_engine, run_program
 from dlverify.engine.clingo_runner import collect_rows, run_clingo
 from dlverify.engine.dialect import Translation, parse_program
 from dlverify.errors import EngineError, InputError
+from dlverify.limits import OutOfTime, time_limit
 from dlverify.schema import Column, Relation
 
 REPO = Path(__file__).resolve().parent.parent
@@ -312,3 +315,57 @@ def test_large_relation_loads(tmp_path):
 Path(a, b) :- Edge(a, b), a % 1000 = 0.
 """, {EDGE: [(i, -i) for i in range(n)]}, [PATH])
     assert out["Path"] == [(i, -i) for i in range(0, n, 1000)]
+
+
+SLOW_TO_GROUND = """
+.decl Node(a: number)
+.input Node
+.decl Pair(a: number, b: number)
+.output Pair
+Pair(a, b) :- Node(a), Node(b), a < b.
+"""
+NODE = rel("Node", "a:number")
+PAIR = rel("Pair", "a:number", "b:number", role="output")
+
+
+@pytest.fixture
+def slow_grounding(monkeypatch, tmp_path):
+    """A program whose grounding takes 2 s: the fact table callback clingo calls while it
+    grounds sleeps first (a sleeping callback needs no CPU, unlike a big program)."""
+    from dlverify.engine import clingo_runner
+
+    fetch = clingo_runner._Context.dlv_facts
+
+    def slow(self, k):
+        time.sleep(2)
+        return fetch(self, k)
+
+    monkeypatch.setattr(clingo_runner._Context, "dlv_facts", slow)
+    main = tmp_path / "main.dl"
+    main.write_text(SLOW_TO_GROUND)
+    run_program(main, {}, [PAIR], engine="clingo")  # parsed and translated before any clock starts
+    return main
+
+
+def _grounding_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "clingo-ground" and t.is_alive()]
+
+
+def test_time_limit_stops_clingo_while_it_grounds(slow_grounding):
+    """SIGALRM (dlverify.limits.time_limit) raises OutOfTime while clingo is still grounding,
+    not after: the engine evaluates in a worker thread and never swallows the exception."""
+    with pytest.raises(OutOfTime) as e:
+        with time_limit(0.3):
+            run_program(slow_grounding, {NODE: [(1,), (2,)]}, [PAIR], engine="clingo")
+    alive = _grounding_threads()
+    assert any(entry.name == "_wait" for entry in e.traceback)  # raised while waiting for clingo
+    assert alive, "OutOfTime came only after grounding ended"
+
+
+def test_timeout_argument_raises_out_of_time(slow_grounding):
+    with pytest.raises(OutOfTime, match="clingo"):
+        run_program(slow_grounding, {NODE: [(1,), (2,)]}, [PAIR], engine="clingo", timeout=0.3)
+    assert _grounding_threads()
+    # the same run without a limit completes
+    res = run_program(slow_grounding, {NODE: [(1,), (2,)]}, [PAIR], engine="clingo")
+    assert res.relations == {"Pair": [(1, 2)]}

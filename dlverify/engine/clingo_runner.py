@@ -230,7 +230,7 @@ def run_clingo(program: Program, facts: Mapping[str, Sequence[tuple]], outputs: 
         except BaseException as e:  # pragma: no cover - re-raised in the caller's thread
             outcome.error = e
 
-    _wait(evaluate, ctl, timeout)
+    _wait(evaluate, timeout)
     if outcome.error is not None:
         raise outcome.error
     if outcome.failed:
@@ -249,21 +249,27 @@ class _Outcome:
         self.error: BaseException | None = None
 
 
-def _wait(evaluate, ctl: clingo.Control, timeout: float | None) -> None:
+def _wait(evaluate, timeout: float | None) -> None:
     """Run `evaluate` (grounding and solving) in a thread and wait for it in this one.
 
     clingo releases the GIL while it grounds, so this thread keeps running Python: the
     SIGALRM time limit of dlverify/limits.py raises OutOfTime here at once instead of after
-    grounding. The abandoned grounding cannot be stopped (clingo can interrupt solving only),
-    so it runs on in its daemon thread until it ends or the process exits."""
-    worker = threading.Thread(target=evaluate, name="clingo-ground", daemon=True)
+    grounding. The abandoned grounding cannot be stopped (clingo can interrupt solving only,
+    and `Control.interrupt` waits for a grounding callback to return), so it runs on in its
+    daemon thread until it ends or the process exits (the CLI runs cases in a child process)."""
+    done = threading.Event()
+
+    def work() -> None:
+        try:
+            evaluate()
+        finally:
+            done.set()
+
+    # An Event, not Thread.join: a signal interrupting join makes Python 3.11 mark the
+    # still-running thread as stopped (bpo-45274's clean-up).
+    worker = threading.Thread(target=work, name="clingo-ground", daemon=True)
     deadline = None if timeout is None else time.monotonic() + timeout
     worker.start()
-    try:
-        while worker.is_alive():
-            worker.join(0.05)
-            if deadline is not None and worker.is_alive() and time.monotonic() > deadline:
-                raise OutOfTime(f"out of time after {timeout:g} s (clingo)")
-    except BaseException:
-        ctl.interrupt()
-        raise
+    while not done.wait(0.05):  # SIGALRM's OutOfTime (or ^C) surfaces here and propagates
+        if deadline is not None and time.monotonic() > deadline:
+            raise OutOfTime(f"out of time after {timeout:g} s (clingo)")
