@@ -82,12 +82,13 @@ def reshape_chain(src: tuple[int, ...], dst: tuple[int, ...]) -> list[ReshapeGro
 
 
 def reshape_rows(add: AddRow, op: Op, x: int, src: tuple[int, ...], dst: tuple[int, ...],
-                 dist: bool) -> None:
-    """Facts of the reshape from tensor x to op's output: Reshape_Chain; Reshape_Same
-    when the shapes are equal; Reshape_Cut for the distributed program; Reshape_Group
-    and Reshape_Dim for the sequential one (the groups the distributed side must respect)."""
+                 dist: bool, same_ok: bool = True) -> None:
+    """Facts of the reshape from tensor x to the end dst of op's chain: Reshape_Chain;
+    Reshape_Same when dst is op's output and has x's shape; Reshape_Cut for the
+    distributed program; Reshape_Group and Reshape_Dim for the sequential one (the
+    groups the distributed side must respect)."""
     add(S.RESHAPE_CHAIN, op.id, x)
-    if tuple(src) == tuple(dst):
+    if same_ok and tuple(src) == tuple(dst):
         add(S.RESHAPE_SAME, op.id, x)
     if dist:
         for i, j in reshape_cuts(src, dst):
@@ -133,17 +134,40 @@ def is_reshape_like(graph: Graph, op: Op) -> bool:
     return False
 
 
+def broadcast_end(src: tuple[int, ...], dst: tuple[int, ...], bd: tuple[int, ...]) -> tuple[int, ...]:
+    """The operand of broadcast_in_dim with its new dims inserted as size 1: the
+    broadcast is a reshape to this shape, then an expansion of size-1 dims."""
+    end = [1] * len(dst)
+    for i, j in enumerate(bd):
+        end[j] = src[i]
+    return tuple(end)
+
+
 def reshape_chains(add: AddRow, graph: Graph, dist: bool) -> None:
     """Reshape facts from every start of a chain of reshape-like ops (up to
-    CHAIN_DEPTH ops) to its end: a chain is one reshape."""
+    CHAIN_DEPTH ops) to its end: a chain is one reshape. A broadcast_in_dim that
+    expands dims ends a chain too: the chain's end is its operand with the new
+    dims inserted as size 1 (Reshape_End_Dim), and Broadcast_Expands names the
+    dims the broadcast then expands."""
     producer = {op.output: op for op in graph.ops}
     like = {op.id for op in graph.ops if is_reshape_like(graph, op)}
     for op in graph.ops:
-        if op.id not in like:
+        out = graph.tensors[op.output].shape
+        if op.id in like:
+            end, same_ok = out, True
+        elif op.kind == "broadcast_in_dim":
+            bd = tuple(op.params["broadcast_dimensions"])
+            end, same_ok = broadcast_end(graph.tensors[op.inputs[0]].shape, out, bd), False
+            for j, (e, n) in enumerate(zip(end, out)):
+                if e != n:
+                    add(S.BROADCAST_EXPANDS, op.id, j)
+        else:
             continue
+        for i, n in enumerate(end):
+            add(S.RESHAPE_END_DIM, op.id, i, n)
         x = op.inputs[0]
         for _ in range(CHAIN_DEPTH):
-            reshape_rows(add, op, x, graph.tensors[x].shape, graph.tensors[op.output].shape, dist)
+            reshape_rows(add, op, x, graph.tensors[x].shape, end, dist, same_ok)
             up = producer.get(x)
             if up is None or up.id not in like:
                 break

@@ -143,6 +143,11 @@ RESHAPE_CHAIN = _rel("Reshape_Chain", "The output of op is a row-major reshape o
                      "the dims with more than one element).", "op:OpId", "x:TensorId")
 RESHAPE_SAME = _rel("Reshape_Same", "Reshape_Chain(op, x) with op's output of x's shape: it equals x.",
                     "op:OpId", "x:TensorId")
+RESHAPE_END_DIM = _rel("Reshape_End_Dim", "Dim i of the value op's reshape chains end in has n "
+                       "elements: op's output, or for a broadcast_in_dim that expands, its operand "
+                       "with the new dims inserted as size 1.", "op:OpId", "i:number", "n:number")
+BROADCAST_EXPANDS = _rel("Broadcast_Expands", "broadcast_in_dim op expands dim j of its chain end "
+                         "(Reshape_End_Dim, size 1) to its output's size.", "op:OpId", "j:number")
 RESHAPE_CUT = _rel("Reshape_Cut", "Distributed Reshape_Chain(op, x): the first i dims of x and the "
                    "first j dims of op's output have equal size products (a group may end there).",
                    "op:OpId", "x:TensorId", "i:number", "j:number")

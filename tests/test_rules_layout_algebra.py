@@ -113,6 +113,28 @@ def test_reduce_over_a_dim_the_sequential_side_does_not_reduce_has_no_view():
     assert out.views(zs, wd) == []
 
 
+def test_chain_ending_in_a_broadcast_that_expands():
+    # dist (2,1,8,1) -reduce over size-1 dims-> (2,8) -insert size 1-> (2,1,8)
+    # -expand a new dim-> (2,1,8,8); seq (2,4,8,1) -> (2,4,8) -> (2,4,8,8)
+    t = Tiny(mesh=Mesh(("x",), (4,)))
+    ns, nd = t.input((2, 4, 8, 1), (None, "x", None, None))
+    qs = t.sop("reduce_sum", [ns], (2, 4, 8), axes=(3,))
+    rs = t.sop("broadcast_in_dim", [qs], (2, 4, 8, 8), broadcast_dimensions=(0, 1, 2))
+    hd = t.dop("reduce_sum", [nd], (2, 8), axes=(1, 3))
+    sd = t.dop("broadcast_in_dim", [hd], (2, 1, 8), broadcast_dimensions=(0, 2))
+    jd = t.dop("broadcast_in_dim", [sd], (2, 1, 8, 8), broadcast_dimensions=(0, 1, 2))
+    half = t.dop("broadcast_in_dim", [sd], (2, 1, 8, 4), broadcast_dimensions=(0, 1, 2))
+    # expanding a dim the sequential side does not expand: no view
+    es = t.sop("reshape", [ns], (2, 4, 8))
+    ed = t.dop("broadcast_in_dim", [hd], (2, 4, 8), broadcast_dimensions=(0, 2))
+    out = t.run()
+    for r in range(4):
+        assert vset(out, qs, sd, r) == {((0, r, 0), None, UNIT)}
+        assert vset(out, rs, jd, r) == {((0, r, 0, 0), None, UNIT)}
+        assert vset(out, rs, half, r) == {((0, r, 0, -1), None, UNIT)}
+        assert out.views(es, ed, r) == []
+
+
 # ---------------------------------------------------------------- sequential-only broadcast
 
 def test_sequential_broadcast_of_a_size1_dim_the_local_operand_already_has():
