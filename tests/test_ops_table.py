@@ -77,3 +77,17 @@ def test_frontend_ops_have_their_arity(example):
         for g in (p.seq, p.dist):
             for op in g.ops:
                 assert KINDS[op.kind].arity.accepts(len(op.inputs)), (name, op.kind, len(op.inputs))
+
+
+def test_narrow_integer_types_are_not_numpy_aliases():
+    """numpy reads "int4" as a 4-byte int; the IR's int4 (HLO s4) has 4 bits, so the
+    evaluator has no exact type for it and a cast to it is never an identity."""
+    from dlverify.ops.dtypes import convert_kind, exact_dtype
+
+    assert exact_dtype("int4") is None and exact_dtype("uint2") is None
+    assert exact_dtype("int32") == np.int32 and exact_dtype("bool") == np.bool_
+    assert convert_kind("int32", "int4") == "convert_to_int"
+    assert convert_kind("int8", "int32") is None and convert_kind("bool", "uint8") is None
+    assert convert_kind("int32", "uint32") == "convert_to_int"
+    assert convert_kind("float32", "bool") == "convert_to_bool"
+    assert convert_kind("int32", "float32") is None

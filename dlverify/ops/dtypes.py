@@ -15,17 +15,16 @@ def is_float_dtype(dtype: object) -> bool:
     return str(dtype).startswith(("float", "bfloat", "complex"))
 
 
+# By name: numpy reads "int4" and "int2" as its legacy 4- and 2-byte aliases,
+# while the IR (from HLO's s4, s2) means 4- and 2-bit integers.
+_EXACT = {name: np.dtype(name) for name in ("bool", "int8", "int16", "int32", "int64", "uint8",
+                                            "uint16", "uint32", "uint64")}
+
+
 def exact_dtype(dtype: object) -> np.dtype | None:
     """The numpy type of an integer or bool element type; None for floating point
-    and for names numpy does not know (token, int4, ...)."""
-    name = str(dtype)
-    if is_float_dtype(name):
-        return None
-    try:
-        dt = np.dtype(name)
-    except TypeError:
-        return None
-    return dt if dt == np.bool_ or np.issubdtype(dt, np.integer) else None
+    and for types numpy has no exact counterpart of (token, int4, uint2, ...)."""
+    return _EXACT.get(str(dtype))
 
 
 def is_exact(x: np.ndarray) -> bool:
