@@ -15,7 +15,7 @@ import numpy as np
 from dlverify.errors import InputError
 from dlverify.frontends.hlo.model import (MAX_RANKS, MAX_TUPLE_DEPTH, HloInstruction, HloShape,
                                           np_dtype)
-from dlverify.frontends.hlo.text import split_top
+from dlverify.frontends.hlo.text import split_top, string_end, unescape
 from dlverify.relations import BlockRelation
 
 
@@ -27,6 +27,36 @@ def _device_count(sizes: list[int], what: str) -> int:
         if total > MAX_RANKS:
             raise ValueError(f"{what} spans more than {MAX_RANKS} devices (the supported maximum)")
     return total
+
+
+_META_KEY = re.compile(r"(\w+)=")
+_META_BARE = re.compile(r"[^\s}]+")
+
+
+def parse_metadata(md: str) -> dict[str, str]:
+    """`op_name="..." source_file="..." source_line=3` -> {key: value}, string
+    values unescaped. One pass from key to key: linear time and memory in the
+    length of the text (metadata strings can be megabytes long)."""
+    out: dict[str, str] = {}
+    i = 0
+    while True:
+        m = _META_KEY.search(md, i)
+        if m is None:
+            return out
+        j = m.end()
+        if md.startswith('"', j):
+            end = string_end(md, j + 1)
+            if end < 0:
+                return out  # an unterminated string: nothing more to read
+            out[m.group(1)] = unescape(md[j + 1:end])
+            i = end + 1
+            continue
+        bare = _META_BARE.match(md, j)
+        if bare is None:
+            i = j
+            continue
+        out[m.group(1)] = bare.group()
+        i = bare.end()
 
 
 def ints(s: str | None) -> tuple[int, ...]:

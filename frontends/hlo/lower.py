@@ -19,13 +19,13 @@ from typing import Any
 import numpy as np
 
 from dlverify.errors import InputError, UnknownOpError
-from dlverify.frontends.hlo.attributes import HloSharding, parse_replica_groups, parse_sharding
+from dlverify.frontends.hlo.attributes import (HloSharding, parse_metadata, parse_replica_groups,
+                                               parse_sharding)
 from dlverify.frontends.hlo.fold import KNOWN_LIMIT, eval_small
 from dlverify.frontends.hlo.model import (MAX_RANKS, HloComputation, HloInstruction, HloModule,
                                           HloShape)
 from dlverify.frontends.hlo.ops import HANDLERS, Val
 from dlverify.frontends.hlo.parse import single_line
-from dlverify.frontends.hlo.text import unescape
 from dlverify.ir import Frame, Graph, GraphBuilder, IdAllocator, SourceLoc, is_float_dtype
 from dlverify.relations import BlockRelation
 
@@ -150,8 +150,7 @@ class Lowerer:
         frames: tuple[Frame, ...] = ()
         op_name = ""
         if md:
-            kv = {k: v for k, v in re.findall(r'(\w+)=("(?:[^"\\]|\\.)*"|[^\s}]+)', md)}
-            val = {k: unescape(v[1:-1]) if v.startswith('"') else v for k, v in kv.items()}
+            val = parse_metadata(md)
             op_name = val.get("op_name", "")
             if "stack_frame_id" in val:
                 try:
