@@ -152,6 +152,14 @@ def check_args(args: tuple[Any, ...]) -> None:
         if dtype is None or not isinstance(shape, tuple):
             raise InputError(f"args: argument {i} is a {type(leaf).__name__}, not an array or "
                              "a jax.ShapeDtypeStruct")
+        try:
+            numeric = jax.numpy.issubdtype(dtype, jax.numpy.number) or \
+                jax.numpy.issubdtype(dtype, jax.numpy.bool_)
+        except Exception:  # noqa: BLE001: not a dtype at all
+            numeric = False
+        if not numeric:
+            raise InputError(f"args: argument {i} has dtype {dtype}: expected a numeric or "
+                             "boolean dtype")
         bad = [d for d in shape if not isinstance(d, int) or not 0 <= d <= MAX_DIM]
         if bad:
             raise InputError(f"args: argument {i} has shape {shape}: every dimension must be an "

@@ -11,7 +11,7 @@ from typing import Callable
 
 from dlverify.case import CASE_MARKER, Case
 from dlverify.errors import InputError
-from dlverify.supervise import NULL_REPORTER, Reporter
+from dlverify.supervise import NULL_REPORTER, Reporter, is_out_of_memory
 from dlverify.tasks import split_target  # noqa: F401: part of this module's interface
 from dlverify.verdict import CaseOutcome
 
@@ -33,8 +33,11 @@ def load_cases(path: Path, name: str | None = None) -> list[tuple[str, Callable[
     except SyntaxError as e:
         sys.modules.pop(mod_name, None)
         raise InputError(f"syntax error: {e.msg}", str(path), e.lineno or 0) from None
+    except MemoryError:
+        raise  # a limit, not bad input: exit 3
     except (Exception, SystemExit, KeyboardInterrupt) as e:  # the user's module failed
         sys.modules.pop(mod_name, None)
+        _not_ours(e)
         raise InputError(f"importing failed: {_what(e)}", str(path), _user_line(e, path)) from None
     finally:
         if str(path.resolve().parent) in sys.path:
@@ -55,6 +58,12 @@ def _is_case(obj: object) -> bool:
         return callable(obj) and getattr(obj, CASE_MARKER, False) is True
     except Exception:  # noqa: BLE001: a hostile __getattr__ is not a case
         return False
+
+
+def _not_ours(e: BaseException) -> None:
+    """Out of memory is a limit (exit 3), whoever's code hit it: not bad input."""
+    if is_out_of_memory(e):
+        raise MemoryError(str(e)) from None
 
 
 def _what(e: BaseException) -> str:
@@ -94,9 +103,10 @@ def build_case(path: Path, name: str, fn: Callable[[], Case]) -> Case:
     """Call the case function and check what it returned. Bad input raises InputError."""
     try:
         c = fn()
-    except InputError:
+    except (InputError, MemoryError):
         raise
     except (Exception, SystemExit, KeyboardInterrupt) as e:
+        _not_ours(e)
         raise InputError(f"case {name} failed to build: {_what(e)}", str(path),
                          _user_line(e, path) or _def_line(fn)) from None
     if not isinstance(c, Case):
@@ -104,6 +114,9 @@ def build_case(path: Path, name: str, fn: Callable[[], Case]) -> Case:
     if not isinstance(c.expect, str) or c.expect not in ("verified", "bug"):
         raise InputError(f"case {name}: expect must be 'verified' or 'bug', not {c.expect!r}",
                          str(path))
+    if not isinstance(c.args, (tuple, list)):
+        raise InputError(f"case {name}: args must be a tuple of arrays or jax.ShapeDtypeStructs, "
+                         f"not {type(c.args).__name__}", str(path), _def_line(fn))
     for role in ("seq", "dist"):
         if not callable(getattr(c, role)):
             raise InputError(f"case {name}: {role} must be a function, not "
@@ -128,7 +141,10 @@ def run_case(path: Path, name: str, fn: Callable[[], Case], engine: str = "auto"
         if not e.file:  # nothing better known: point at the case
             e.file, e.line = str(path), _def_line(fn)
         raise
+    except MemoryError:
+        raise
     except (Exception, SystemExit, KeyboardInterrupt) as e:
+        _not_ours(e)
         line = _user_line(e, path)
         if not line and not isinstance(e, (SystemExit, KeyboardInterrupt)):
             raise  # it never ran the user's code: ours, an internal error

@@ -110,6 +110,39 @@ def _writable_dir(path: Optional[Path], option: str) -> None:
         raise InputError(f"{option}: cannot write here: {e.strerror or e}", str(path)) from None
 
 
+def _toml_ok(path: Optional[Path], option: str) -> None:
+    """A spec or registry file is UTF-8 TOML: checked before the run, so that
+    bytes that are not text or nesting deeper than the parser's recursion
+    end as one line naming the file and line, whoever reads the file later."""
+    if path is None:
+        return
+    if not path.is_file():
+        raise InputError(f"{option}: {'not a file' if path.exists() else 'no such file'}",
+                         str(path))
+    import tomllib
+
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{option}: not UTF-8 text (byte {e.start})", str(path),
+                         data[: e.start].count(b"\n") + 1) from None
+    try:
+        tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        line = getattr(e, "lineno", 0) or _toml_error_line(str(e))
+        raise InputError(f"{option}: not valid TOML: {str(e).split(' (at')[0]}", str(path),
+                         line) from None
+    except RecursionError:
+        raise InputError(f"{option}: nested too deeply", str(path)) from None
+
+
+def _toml_error_line(message: str) -> int:
+    import re
+    m = re.search(r"at line (\d+)", message)
+    return int(m.group(1)) if m else 0
+
+
 def _explain_ok(explain: Optional[str]) -> None:
     if explain is None:
         return
@@ -197,8 +230,8 @@ class _Run:
         elif outcome.hit_limit:
             text = f"{name}: {outcome.message}" if name else outcome.message
             self._raise_code(EXIT_RESOURCES)
-        elif outcome.status == "crashed":
-            text = f"internal error in {outcome.phase}: {name}: {outcome.message}"
+        elif outcome.status == "crashed":  # the user's code may have done it: no blame
+            text = f"{file}: {name + ': ' if name else ''}{outcome.message}"
             self._raise_code(EXIT_INPUT)
         else:
             text = outcome.message if not name else f"{outcome.message} (in {name})"
@@ -434,11 +467,12 @@ def check_hlo(
                                {"--sarif": sarif, "--junit": junit, "--graph": graph}, keep_facts)
         if ranks is not None and not 1 <= ranks <= 65536:
             raise InputError(f"--ranks {ranks}: the supported range is 1..65536")
-        for label, p in (("sequential module", seq), ("distributed module", dist),
-                         ("--spec", spec), ("--custom-calls", custom_calls)):
-            if p is not None and not p.is_file():
+        for label, p in (("sequential module", seq), ("distributed module", dist)):
+            if not p.is_file():
                 raise InputError(f"{label}: {'not a file' if p.exists() else 'no such file'}",
                                  str(p))
+        _toml_ok(spec, "--spec")
+        _toml_ok(custom_calls, "--custom-calls")
         job = HloJob(seq=seq, dist=dist, spec=spec, ranks=ranks, engine=engine,
                      custom_calls=custom_calls, keep_facts=keep_facts,
                      extras=Extras(explain, witness, graph, verbose))
@@ -472,8 +506,7 @@ def check_dump(
         if not dump_dir.is_dir():
             raise InputError("not a directory (expected an XLA dump folder written with "
                              "--xla_dump_to)", str(dump_dir))
-        if custom_calls is not None and not custom_calls.is_file():
-            raise InputError("--custom-calls: no such file", str(custom_calls))
+        _toml_ok(custom_calls, "--custom-calls")
         job = HloJob(dump_dir=dump_dir, engine=engine, custom_calls=custom_calls,
                      extras=Extras(explain, witness, graph, verbose))
         _run_hlo(job, _Options(json_out, verbose, timeout, memory, sarif, junit))

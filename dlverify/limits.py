@@ -1,8 +1,12 @@
-"""A wall-clock limit for a verification run (CLI exit code 3).
+"""OutOfTime, the exception for a run past its time limit (CLI exit code 3),
+and a SIGALRM-based limit for in-process use of the library.
 
-Uses SIGALRM, so it only works in the main thread of the main interpreter;
-long engine calls are interrupted when they return to Python (between
-segments), which keeps a run within about one segment of its limit.
+The CLI does not use `time_limit`: a SIGALRM is swallowed by broad exception
+handlers or fires inside JAX's callbacks. It runs every case in a child
+process that its parent kills at the deadline (dlverify/supervise.py); an
+OutOfTime raised inside that child (e.g. by an engine that checks a deadline)
+is reported as out of time too. `time_limit` only works in the main thread
+and interrupts long engine calls when they return to Python.
 """
 from __future__ import annotations
 

@@ -19,7 +19,10 @@ subprocesses go with it), whatever phase the child is in.
 - The child tells its parent the phase it is in ("import", "trace", "engine",
   "report", ...) and its progress, so a limit names the phase it hit.
 
-The in-process path (`dlverify.verify_jax`) does not use this module.
+The in-process path (`dlverify.verify_jax`) does not use this module. As with
+any multiprocessing start method but fork, a script that calls
+`run_supervised` needs the `if __name__ == "__main__":` guard: each child
+imports the main module.
 """
 from __future__ import annotations
 
@@ -37,11 +40,16 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Literal
 
 from dlverify.errors import InputError
+from dlverify.limits import OutOfTime
 
 Status = Literal["ok", "input_error", "out_of_time", "out_of_memory", "internal_error", "crashed"]
 
-# Modules the fork server imports once, so that each child starts warm.
-PRELOAD = ["numpy", "jax", "jax.numpy", "dlverify.api", "dlverify.cases"]
+# Modules the fork server imports once, so that each child starts warm. None
+# of them starts a JAX backend (forking after that would not be safe).
+PRELOAD = ["numpy", "jax", "jax.numpy", "clingo", "dlverify.api", "dlverify.cases",
+           "dlverify.tasks", "dlverify.frontends.jaxpr", "dlverify.frontends.jax_compiled",
+           "dlverify.hlo_api", "dlverify.artifacts", "dlverify.reports.text",
+           "dlverify.reports.json_report"]
 _PR_SET_PDEATHSIG = 1
 _OUTPUT_TAIL = 64 * 1024  # bytes of a task's own output forwarded at most
 _PROGRESS_INTERVAL = 0.1  # seconds between two progress messages of a child
@@ -322,12 +330,13 @@ def _size(n: int) -> str:
 
 def _died(proc, limits: Limits, phase: str, seconds: float) -> TaskOutcome:
     code = proc.exitcode
-    how = (f"killed by {signal.Signals(-code).name}" if code is not None and code < 0
+    how = (f"was killed by {signal.Signals(-code).name}" if code is not None and code < 0
            and -code in signal.Signals._value2member_map_ else f"exited with code {code}")
-    if limits.memory_bytes and (code is None or code < 0 or code == 134):
+    if limits.memory_bytes:  # allocation failures in C++ end a process in many ways
         return TaskOutcome("out_of_memory", phase=phase, seconds=seconds,
-                           message=_memory_message(limits, phase)
-                           + f"; the process was {how}")
+                           message=_memory_message(limits, phase).replace(
+                               "out of memory:", "out of memory (most likely):")
+                           + f"; the process {how} without a result")
     return TaskOutcome("crashed", phase=phase, seconds=seconds,
                        message=f"the process verifying it {how} without a result "
                                f"(while in phase {phase})")
@@ -353,6 +362,14 @@ def _kill(proc) -> None:
 
 def _child_main(conn: Connection, task: Callable[..., Any], args: tuple,
                 memory_bytes: int | None, log: str) -> None:
+    try:
+        _child_run(conn, task, args, memory_bytes, log)
+    finally:  # whatever the task did to the interpreter: no atexit, no JAX teardown
+        os._exit(0)
+
+
+def _child_run(conn: Connection, task: Callable[..., Any], args: tuple,
+               memory_bytes: int | None, log: str) -> None:
     _isolate(log)
     if memory_bytes:
         import resource
@@ -361,7 +378,7 @@ def _child_main(conn: Connection, task: Callable[..., Any], args: tuple,
     try:
         conn.send(("event", Event("phase", "startup")))
     except OSError:
-        os._exit(1)  # the parent gave up on us before we started
+        return  # the parent gave up on us before we started
     try:
         outcome = TaskOutcome("ok", value=task(*args, reporter=reporter), phase=reporter.current)
     except InputError as e:
@@ -369,6 +386,8 @@ def _child_main(conn: Connection, task: Callable[..., Any], args: tuple,
                               phase=reporter.current)
     except MemoryError:
         outcome = TaskOutcome("out_of_memory", phase=reporter.current)
+    except OutOfTime as e:
+        outcome = TaskOutcome("out_of_time", phase=reporter.current, message=str(e))
     except BaseException as e:  # noqa: BLE001: reported, never a traceback
         outcome = _classify(e, reporter.current)
     try:
@@ -380,8 +399,6 @@ def _child_main(conn: Connection, task: Callable[..., Any], args: tuple,
                                      message=f"internal error in report: {type(e).__name__}: "
                                              f"{_one_line(e)}"))
     conn.close()
-    sys.stdout.flush()
-    os._exit(0)  # no atexit handlers, no JAX teardown: the parent has what it needs
 
 
 def _send_last(conn: Connection, outcome: TaskOutcome) -> None:
@@ -391,9 +408,18 @@ def _send_last(conn: Connection, outcome: TaskOutcome) -> None:
         pass
 
 
+def is_out_of_memory(e: BaseException) -> bool:
+    """MemoryError, or a C++ allocation failure that JAX, XLA or clingo turned
+    into another exception (RuntimeError: ... std::bad_alloc)."""
+    if isinstance(e, MemoryError):
+        return True
+    text = _one_line(e)
+    return "bad_alloc" in text or "RESOURCE_EXHAUSTED" in text or "Out of memory" in text
+
+
 def _classify(e: BaseException, phase: str) -> TaskOutcome:
     text = _one_line(e)
-    if "bad_alloc" in text or "RESOURCE_EXHAUSTED" in text or "Out of memory" in text:
+    if is_out_of_memory(e):
         return TaskOutcome("out_of_memory", phase=phase)
     if os.environ.get("DLVERIFY_DEBUG"):
         traceback.print_exception(e, file=sys.stderr)
