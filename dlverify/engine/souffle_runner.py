@@ -167,8 +167,13 @@ def plan_run(program: Program, main_dl: Path, mode: SouffleMode | None = None,
     if mode == "interpreted":
         return SoufflePlan(exe, "interpreted", None, threads)
     binary = cached_binary(program, exe)
-    if binary is None and (mode == "compiled" or compiler_available()):
+    if binary is None and mode == "compiled":
         binary = compile_binary(program, main_dl, exe, timeout)
+    elif binary is None and compiler_available():
+        try:
+            binary = compile_binary(program, main_dl, exe, timeout)
+        except EngineError:
+            binary = None  # e.g. headers or libraries missing for linking: the interpreter still works
     if binary is None:
         return SoufflePlan(exe, "interpreted", None, threads)
     return SoufflePlan(exe, "compiled", binary, threads)
