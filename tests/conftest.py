@@ -1,13 +1,23 @@
-"""Shared test set-up: host CPU devices for JAX, and the example cases."""
+"""Shared test set-up: host CPU devices for JAX (the one place XLA_FLAGS is
+set), and the example cases, each built and verified at most once per session."""
 import os
 
-# Before JAX is imported anywhere: 8 host devices, and collectives printed with
-# explicit replica groups.
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
-                                   "--xla_enable_rgv3_materialization=false")
+# Before JAX is imported anywhere (pytest imports this file before any test
+# module): 8 host devices, and collectives printed with explicit replica
+# groups. Flags the environment already has are kept; ours are added.
+TEST_XLA_FLAGS = {"--xla_force_host_platform_device_count": "8",
+                  "--xla_enable_rgv3_materialization": "false"}
+_flags = os.environ.get("XLA_FLAGS", "").split()
+_flags += [f"{k}={v}" for k, v in TEST_XLA_FLAGS.items()
+           if not any(f.startswith(k + "=") for f in _flags)]
+os.environ["XLA_FLAGS"] = " ".join(_flags)
 
 import inspect  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -34,3 +44,47 @@ def bug_line(dist_fn) -> int:
     marked = [start + i for i, line in enumerate(lines) if "# BUG" in line]
     assert len(marked) == 1, f"{fn.__name__}: expected exactly one '# BUG' line, found {marked}"
     return marked[0]
+
+
+@dataclass
+class ExampleRun:
+    """One example case and its verdict (engine clingo). When the case's dist
+    is a shard_map program, `result.problem` is the problem the jaxpr frontend
+    built (rewritten by the verification), ready for numeric checks."""
+
+    case: Any
+    result: Any
+    shard_map: bool
+
+
+class ExampleRuns:
+    """Builds and verifies each example case at most once per session: the
+    verdict tests, the derived-view soundness checks and the model tests share
+    one verification instead of repeating it."""
+
+    def __init__(self) -> None:
+        self._cases: dict[tuple[Path, str], Any] = {}
+        self._runs: dict[tuple[Path, str], ExampleRun] = {}
+
+    def case(self, path: Path, name: str):
+        key = (Path(path).resolve(), name)
+        if key not in self._cases:
+            from dlverify.cases import load_cases
+            self._cases[key] = dict(load_cases(key[0], name))[name]()
+        return self._cases[key]
+
+    def run(self, path: Path, name: str) -> ExampleRun:
+        key = (Path(path).resolve(), name)
+        if key not in self._runs:
+            from dlverify.api import verify_jax
+            from dlverify.frontends.jax_compiled import uses_shard_map
+
+            c = self.case(path, name)
+            res = verify_jax(c.seq, c.dist, *c.args, engine="clingo", name=name)
+            self._runs[key] = ExampleRun(c, res, uses_shard_map(c.dist, tuple(c.args)))
+        return self._runs[key]
+
+
+@pytest.fixture(scope="session")
+def example_runs() -> ExampleRuns:
+    return ExampleRuns()

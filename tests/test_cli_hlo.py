@@ -2,11 +2,7 @@
 CliRunner: exit codes 0/1/2/3, the printed reconstruction or located failure
 (with the Python stack of the Neuron metadata), JSON, and one-line errors
 naming file and line for malformed HLO and wrong specs."""
-import os
-
-os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=8 "
-                           "--xla_enable_rgv3_materialization=false")
-
+# XLA_FLAGS (8 host devices, explicit replica groups): tests/conftest.py
 import json  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402

@@ -1,25 +1,22 @@
 """End to end over examples/: correct cases verify, buggy twins do not and are
-located at their `# BUG` line; every derived view holds on random data."""
+located at their `# BUG` line; every derived view holds on random data. Each
+case is verified once per session (conftest.ExampleRuns), shared by both tests
+here and by tests/test_models.py."""
 import numpy as np
 import pytest
 
 from conftest import bug_line, example_targets
-from dlverify.api import verify_jax, verify_problem
-from dlverify.cases import load_cases
+from dlverify.api import verify_problem
 from dlverify.frontends.jaxpr import import_jax
 from dlverify.numeric import partial_sum_errors, run_both, view_error
 
 TARGETS = example_targets()
 
 
-def _case(path, name):
-    return dict(load_cases(path, name))[name]()
-
-
 @pytest.mark.parametrize("path,name", TARGETS, ids=[n for _, n in TARGETS])
-def test_example_verdict_and_location(path, name):
-    c = _case(path, name)
-    res = verify_jax(c.seq, c.dist, *c.args, engine="clingo", name=name)
+def test_example_verdict_and_location(path, name, example_runs):
+    run = example_runs.run(path, name)
+    c, res = run.case, run.result
     if c.expect == "verified":
         assert res.verified, [f.message for f in res.failures]
         assert res.outputs and all(o.startswith("out") and " = " in o for o in res.outputs)
@@ -33,17 +30,21 @@ def test_example_verdict_and_location(path, name):
 
 
 @pytest.mark.parametrize("path,name", TARGETS, ids=[n for _, n in TARGETS])
-def test_every_derived_view_holds_numerically(path, name):
+def test_every_derived_view_holds_numerically(path, name, example_runs):
     """Soundness check of all rule families the example exercises: every view the
     rules derive is checked against an actual run of both programs."""
-    c = _case(path, name)
-    problem = import_jax(c.seq, c.dist, c.args, name)
-    res = verify_problem(problem, engine="clingo")
-    run = run_both(problem, seed=1)
+    run = example_runs.run(path, name)
+    if run.shard_map:  # the verdict's own problem and views: no second verification
+        problem, res = run.result.problem, run.result
+    else:  # the jit path verified the compiled HLO: check the jaxpr frontend's views
+        c = run.case
+        problem = import_jax(c.seq, c.dist, c.args, name)
+        res = verify_problem(problem, engine="clingo")
+    numeric = run_both(problem, seed=1)
     complete = [v for v in res.views if v.partial is None]
     assert complete, "no views derived at all"
-    bad = [(v, view_error(run, problem, v)) for v in complete]
-    bad = [(v, e) for v, e in bad if e > 1e-6 * max(1.0, float(np.max(np.abs(run.dist[v.dist][v.rank])) if run.dist[v.dist][v.rank].size else 1.0))]
+    bad = [(v, view_error(numeric, problem, v)) for v in complete]
+    bad = [(v, e) for v, e in bad if e > 1e-6 * max(1.0, float(np.max(np.abs(numeric.dist[v.dist][v.rank])) if numeric.dist[v.dist][v.rank].size else 1.0))]
     assert not bad, f"unsound views: {bad[:3]}"
-    for key, err in partial_sum_errors(run, problem, res.views):
+    for key, err in partial_sum_errors(numeric, problem, res.views):
         assert err < 1e-6, f"partial terms {key} do not sum to the sequential value: {err}"

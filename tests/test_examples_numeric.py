@@ -3,51 +3,18 @@
 This is a sanity check on the examples themselves, not on the verifier:
 correct cases (expect="verified") must agree with their sequential
 reference and buggy twins (expect="bug") must visibly differ from it.
+The cases are built once per session (conftest.ExampleRuns).
 """
-import os
-
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"  # before importing jax
-
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import jax
+from conftest import EXAMPLES, example_targets
 
-import jax  # noqa: E402
-
-from dlverify.case import CASE_MARKER  # noqa: E402
-
-EXAMPLES = ROOT / "examples"
 RTOL = ATOL = 1e-4
 BUG_MIN_DIFF = 1e-3
 
-
-def _load(path):
-    name = f"_dlverify_example_{path.stem}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def _collect():
-    found = []
-    for path in sorted(EXAMPLES.glob("*.py")):
-        module = _load(path)
-        for attr, fn in vars(module).items():
-            if callable(fn) and getattr(fn, CASE_MARKER, False) and fn.__module__ == module.__name__:
-                found.append(pytest.param(fn, id=f"{path.name}::{attr}"))
-    return found
-
-
-CASES = _collect()
+CASES = [(path, name) for path, name in example_targets() if path.parent == EXAMPLES]
 
 
 def _materialize(args, seed=0):
@@ -80,9 +47,9 @@ def test_examples_were_found():
     assert len(CASES) >= 8
 
 
-@pytest.mark.parametrize("make_case", CASES)
-def test_case_numerics(make_case):
-    case = make_case()
+@pytest.mark.parametrize("path,name", CASES, ids=[f"{p.name}::{n}" for p, n in CASES])
+def test_case_numerics(path, name, example_runs):
+    case = example_runs.case(path, name)
     assert case.expect in ("verified", "bug")
     for a in case.args:
         assert isinstance(a, jax.ShapeDtypeStruct)

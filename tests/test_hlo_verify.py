@@ -3,11 +3,7 @@ programs partitioned by `jax.jit` shardings (MLP and a 2-layer transformer,
 forward and backward, 1-D and 2x2 meshes), XLA dump folders, and output
 relations inferred from the views. Every view derived for a JAX program is
 checked numerically on random inputs."""
-import os
-
-os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=8 "
-                           "--xla_enable_rgv3_materialization=false")
-
+# XLA_FLAGS (8 host devices, explicit replica groups): tests/conftest.py
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402

@@ -219,9 +219,9 @@ def test_variant_numerics(vid, builder):
 # ---------------------------------------------------------------- verdicts
 
 @pytest.mark.parametrize("path,name", CASES, ids=[n for _, n in CASES])
-def test_case_verdict_and_location(path, name):
-    c = _case(path, name)
-    res = verify_jax(c.seq, c.dist, *c.args, engine="clingo", name=name)
+def test_case_verdict_and_location(path, name, example_runs):
+    run = example_runs.run(path, name)  # shared with tests/test_examples_e2e.py
+    c, res = run.case, run.result
     if c.expect == "verified":
         assert res.verified, [f"{f.op} at line {f.line}: {f.message}" for f in res.failures[:3]]
         return

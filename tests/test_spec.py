@@ -1,9 +1,5 @@
 """The TOML relation spec and the Problem built from a pair of HLO modules."""
-import os
-
-os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=8 "
-                           "--xla_enable_rgv3_materialization=false")
-
+# XLA_FLAGS (8 host devices, explicit replica groups): tests/conftest.py
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
