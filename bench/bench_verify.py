@@ -2,6 +2,11 @@
 
     python bench/bench_verify.py                 # every example case, and a Megatron MLP stack
     python bench/bench_verify.py --layers 1 8 64 # only the MLP stack at these depths
+    python bench/bench_verify.py --engines clingo souffle souffle-interpreted
+                                                 # the engines side by side (Datalog seconds)
+
+`souffle` is Soufflé in its default mode (the cached compiled binary, compiled
+first when a C++ compiler is present); `souffle-interpreted` its interpreter.
 
 Measured in a fresh process so JAX start-up is not charged to a phase; peak
 memory is the process's maximum resident set size.
@@ -55,20 +60,51 @@ def row(name: str, res, wall: float) -> str:
             + f"  facts {res.fact_count:>8}  derived {res.derived_count:>8}")
 
 
+ENGINE_MODES = {"clingo": ("clingo", None), "auto": ("auto", None), "souffle": ("souffle", "auto"),
+                "souffle-compiled": ("souffle", "compiled"), "souffle-interpreted": ("souffle", "interpreted")}
+
+
+def run_engines(name: str, seq, dist, a, engines: list[str]) -> str:
+    """One row: the verdict and the Datalog seconds of each engine (verdicts must agree)."""
+    from dlverify.engine.souffle_runner import MODE_ENV
+
+    cells, verdicts = [], set()
+    for label in engines:
+        engine, mode = ENGINE_MODES[label]
+        if mode:
+            os.environ[MODE_ENV] = mode
+        res = dlverify.verify_jax(seq, dist, *a, engine=engine)
+        os.environ.pop(MODE_ENV, None)
+        verdicts.add(res.verified)
+        cells.append(f"{label} {res.timings.get('datalog', 0):7.3f}s")
+    verdict = ("verified" if verdicts == {True} else "NOT verified" if verdicts == {False}
+               else "ENGINES DISAGREE")
+    return f"{name:<45} {verdict:<16} " + "  ".join(cells)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, nargs="*", default=None)
     ap.add_argument("--engine", default="auto")
+    ap.add_argument("--engines", nargs="+", choices=sorted(ENGINE_MODES), default=None,
+                    help="print these engines side by side (Datalog seconds per engine)")
     args = ap.parse_args()
     if args.layers is None:
         for path in sorted((ROOT / "examples").rglob("*.py")):
             for name, fn in load_cases(path):
                 c = fn()
+                if args.engines:
+                    print(run_engines(name, c.seq, c.dist, c.args, args.engines), flush=True)
+                    continue
                 t0 = time.perf_counter()
                 res = dlverify.verify_jax(c.seq, c.dist, *c.args, engine=args.engine)
                 print(row(name, res, time.perf_counter() - t0), flush=True)
     for layers in args.layers if args.layers is not None else [1, 8, 64]:
         seq, dist, a = mlp_stack(layers)
+        if args.engines:
+            print(run_engines(f"megatron_mlp_stack layers={layers} tp=4", seq, dist, a, args.engines),
+                  flush=True)
+            continue
         t0 = time.perf_counter()
         res = dlverify.verify_jax(seq, dist, *a, engine=args.engine)
         print(row(f"megatron_mlp_stack layers={layers} tp=4", res, time.perf_counter() - t0), flush=True)

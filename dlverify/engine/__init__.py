@@ -49,7 +49,7 @@ class LoadedRules:
     program: Program
     texts: dict[Path, bytes]                       # every file read, by path: the cache key
     translations: dict[tuple[str, ...], Translation] = field(default_factory=dict)  # by shown outputs
-    souffle_plan: souffle_runner.SoufflePlan | None = None
+    souffle_plans: dict[str, souffle_runner.SoufflePlan] = field(default_factory=dict)  # by mode
 
 
 _LOADED: dict[Path, LoadedRules] = {}  # main .dl (resolved) -> its rules; a few entries per process
@@ -166,8 +166,10 @@ def run_program(main_dl: Path, facts: Mapping[Relation, Sequence[tuple]], output
         relations = clingo_runner.run_clingo(program, flat, out_names, tr, timeout=timeout)
         seconds = time.perf_counter() - start
     else:
-        if rules.souffle_plan is None:
-            rules.souffle_plan = souffle_runner.plan_run(program, main_dl, timeout=timeout)
+        mode = souffle_runner.requested_mode()
+        plan = rules.souffle_plans.get(mode)
+        if plan is None:
+            plan = rules.souffle_plans[mode] = souffle_runner.plan_run(program, main_dl, mode, timeout=timeout)
         tmp = None
         try:
             if work_dir is None:
@@ -178,7 +180,7 @@ def run_program(main_dl: Path, facts: Mapping[Relation, Sequence[tuple]], output
             t0 = time.perf_counter()
             relations = souffle_runner.run_souffle(program, main_dl, flat, out_names, facts_dir, out_dir,
                                                    timeout=timeout, facts_written=work_dir is not None,
-                                                   plan=rules.souffle_plan)
+                                                   plan=plan)
             seconds = time.perf_counter() - t0
         finally:
             if tmp is not None:

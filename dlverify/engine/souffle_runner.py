@@ -145,6 +145,14 @@ def compile_binary(program: Program, main_dl: Path, exe: str, timeout: float | N
     return target
 
 
+def requested_mode() -> SouffleMode:
+    """The mode asked for in the environment (auto when unset)."""
+    mode = os.environ.get(MODE_ENV, "") or "auto"
+    if mode not in ("auto", "compiled", "interpreted"):
+        raise EngineError(f"{MODE_ENV}={mode!r}: expected auto, compiled or interpreted")
+    return mode  # type: ignore[return-value]
+
+
 @dataclass(frozen=True)
 class SoufflePlan:
     """How this run evaluates: the executable, compiled or interpreted, threads."""
@@ -160,9 +168,7 @@ def plan_run(program: Program, main_dl: Path, mode: SouffleMode | None = None,
     exe = shutil.which("souffle")
     if exe is None:
         raise EngineError("`souffle` is not on PATH")
-    mode = mode or os.environ.get(MODE_ENV, "auto")  # type: ignore[assignment]
-    if mode not in ("auto", "compiled", "interpreted"):
-        raise EngineError(f"{MODE_ENV}={mode!r}: expected auto, compiled or interpreted")
+    mode = mode or requested_mode()
     threads = threads or default_threads()
     if mode == "interpreted":
         return SoufflePlan(exe, "interpreted", None, threads)
