@@ -12,7 +12,7 @@
    Variants that do verify are kept too, as regressions for shapes the
    examples do not cover (one KV head per rank at TP=8, as Llama-3 8B/70B/405B;
    fewer KV heads than ranks; one GPT-2 head per rank), and so are the
-   reproductions of closed gaps. No gap is open today.
+   reproductions of closed gaps.
 """
 import importlib.util
 import sys
@@ -89,19 +89,33 @@ VARIANTS = [
     ("llama3_one_kv_head_per_rank_tp8_train",
      _variant(LLAMA3, 8, False, True, heads=16, kv_heads=8), None),
     ("llama3_one_kv_head_per_rank_tp8_sp_train",
-     _variant(LLAMA3, 8, True, True, heads=16, kv_heads=8), None),
+     _variant(LLAMA3, 8, True, True, heads=16, kv_heads=8, seq=16), None),
+    ("llama3_one_position_per_rank_tp8_sp_train",
+     _variant(LLAMA3, 8, True, True, heads=16, kv_heads=8),
+     "one position per rank (seq 8 over 8 ranks): JAX reduces the norm-weight gradient over "
+     "the batch only, the sequential side over batch and positions; no rule pairs a reduction "
+     "with one that also reduces a dim held with size 1 locally"),
     ("llama3_kv_heads_replicated_tp8_forward",
      _variant(LLAMA3, 8, False, False, heads=16, kv_heads=4), None),
     ("llama3_kv_heads_replicated_tp8_train",
-     _variant(LLAMA3, 8, False, True, heads=16, kv_heads=4), None),
+     _variant(LLAMA3, 8, False, True, heads=16, kv_heads=4),
+     "the gradient of w_qkv with replicated KV heads: dynamic_update_slices into zeros whose "
+     "update is smaller in two dims (KV group and query heads), the K/V part a partial sum "
+     "over the rank's query heads, added before the psum: update.dl handles one dim and "
+     "complete updates"),
     ("llama3_kv_heads_replicated_tp4_train",
-     _variant(LLAMA3, 4, False, True, heads=8, kv_heads=2), None),
+     _variant(LLAMA3, 4, False, True, heads=8, kv_heads=2),
+     "the gradient of w_qkv with replicated KV heads (see llama3_kv_heads_replicated_tp8_train)"),
     ("gpt2_one_head_per_rank_tp8_forward",
      _variant(GPT2, 8, False, False, heads=8), None),
     ("gpt2_one_head_per_rank_tp8_train",
      _variant(GPT2, 8, False, True, heads=8), None),
     ("gpt2_one_head_per_rank_tp8_sp_train",
-     _variant(GPT2, 8, True, True, heads=8), None),
+     _variant(GPT2, 8, True, True, heads=8, seq=16), None),
+    ("gpt2_one_position_per_rank_tp8_sp_train",
+     _variant(GPT2, 8, True, True, heads=8),
+     "one position per rank (seq 8 over 8 ranks): the LayerNorm-weight gradient, see "
+     "llama3_one_position_per_rank_tp8_sp_train"),
     ("llama3_20_layers_tp2_sp_forward",   # deep enough to be verified segment by segment
      _variant(LLAMA3, 2, True, False, layers=20), None),
     ("llama3_bfloat16_tp2_forward",
