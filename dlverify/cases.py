@@ -103,7 +103,11 @@ def build_case(path: Path, name: str, fn: Callable[[], Case]) -> Case:
     """Call the case function and check what it returned. Bad input raises InputError."""
     try:
         c = fn()
-    except (InputError, MemoryError):
+    except InputError as e:  # e.g. from dlverify.host_mesh: point at the user's line
+        if not e.file:
+            e.file, e.line = str(path), _user_line(e, path) or _def_line(fn)
+        raise
+    except MemoryError:
         raise
     except (Exception, SystemExit, KeyboardInterrupt) as e:
         _not_ours(e)
