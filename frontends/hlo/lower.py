@@ -85,6 +85,7 @@ class Lowerer:
         self.assumptions: list[str] = []
         self.custom_calls: dict[str, int] = {}
         self._frame_cache: dict[int, tuple[Frame, ...]] = {}
+        self._source_cache: dict[tuple[str, str], tuple[Frame, ...]] = {}
         fr = module.frames.stack_frames
         # Some printers write parent_frame_id one above the proto value (frame 1
         # then names itself as its parent); 0 always means "no parent".
@@ -158,7 +159,10 @@ class Lowerer:
                 except ValueError:
                     frames = ()
             if not frames and val.get("source_file"):
-                frames = _source_file_frames(val["source_file"], val.get("source_line", "0"))
+                key = (val["source_file"], val.get("source_line", "0"))
+                if key not in self._source_cache:  # many instructions share one stack
+                    self._source_cache[key] = _source_file_frames(*key)
+                frames = self._source_cache[key]
         if frames or op_name:
             if not frames and outer is not None and outer.frames:
                 frames = outer.frames

@@ -71,9 +71,13 @@ def unescape(s: str) -> str:
     if "\0" in s:
         return _ESCAPE.sub(lambda m: _ESCAPED.get(m.group(1), m.group(1)), s)
     s = s.replace("\\\\", "\0")
+    lone = s.endswith("\\")  # a trailing backslash escapes nothing: kept
+    if lone:
+        s = s[:-1]
     for code, char in _ESCAPED.items():
         s = s.replace("\\" + code, char)
-    return _ESCAPE.sub(r"\1", s).replace("\0", "\\")
+    # Every backslash left introduces an escape that stands for the next character.
+    return s.replace("\\", "").replace("\0", "\\") + ("\\" if lone else "")
 
 
 _SCAN_STOP = {sep: re.compile(r'["(\[{)\]}' + re.escape(sep) + "]") for sep in (",", ";", " ")}
