@@ -139,9 +139,6 @@ class HloInstruction:
     line: int
     is_root: bool = False
 
-    def attr(self, key: str, default: str | None = None) -> str | None:
-        return self.attrs.get(key, default)
-
 
 @dataclass
 class HloComputation:
