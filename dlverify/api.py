@@ -33,13 +33,15 @@ DEFAULT_WINDOW = 96  # ops per segment (bench/bench_verify.py); smaller graphs r
 
 
 def _evaluate(problem: Problem, tables: dict, engine: EngineName, window: int,
-              keep_facts: Path | None, cache_dir: Path | None = None):
-    """One engine run over the whole problem, or segment by segment when it is large."""
+              keep_facts: Path | None, cache_dir: Path | None = None, reporter: Any = None):
+    """One engine run over the whole problem, or segment by segment when it is
+    large (the reporter then hears how far the segments got)."""
     if needs_segments(problem, window):
         if keep_facts is not None:  # the whole problem, replayable as one fixpoint
             write_facts_dir(keep_facts, [r.name for r in S.INPUTS],
                             {r.name: rows for r, rows in tables.items()})
-        return run_segmented(problem, tables, rules_path(), engine, window, cache_dir)
+        return run_segmented(problem, tables, rules_path(), engine, window, cache_dir,
+                             progress=reporter.progress if reporter is not None else None)
     return run_program(rules_path(), tables, S.OUTPUTS, engine=engine, keep_dir=keep_facts)
 
 
@@ -68,7 +70,7 @@ def verify_problem(problem: Problem, engine: EngineName = "auto",
         keep_facts.mkdir(parents=True, exist_ok=True)
     notes = [REAL_ARITHMETIC_NOTE]
     phase("engine")
-    res = _evaluate(problem, tables, engine, window, keep_facts, cache_dir)
+    res = _evaluate(problem, tables, engine, window, keep_facts, cache_dir, reporter)
     plan = res.plan if isinstance(res, SegmentedRun) else None
     phase("judge")
     t1 = time.perf_counter()

@@ -200,6 +200,7 @@ class _Run:
     opts: _Options
     started: float = field(default_factory=time.monotonic)
     outcomes: list = field(default_factory=list)
+    noun: str = "case"  # what an item is: a case, an HLO module pair
     errors: int = 0
     not_run: int = 0
     code: int = EXIT_OK
@@ -281,7 +282,7 @@ class _Run:
     def summary(self) -> str:
         status = ["error" if isinstance(o, _Errored) else o.status for o in self.outcomes]
         n = len(self.outcomes) + self.not_run
-        text = (f"summary: {n} case{'s' if n != 1 else ''}: {status.count('ok')} verified, "
+        text = (f"summary: {n} {self.noun}{'s' if n != 1 else ''}: {status.count('ok')} verified, "
                 f"{status.count('expected')} bugs found as expected, "
                 f"{status.count('mismatch')} mismatches, {status.count('error')} errors")
         if self.not_run:
@@ -426,7 +427,7 @@ def _run_hlo(job, opts: _Options) -> None:
     from dlverify.tasks import run_hlo_task
 
     ensure_host_devices()
-    run = _Run(opts)
+    run = _Run(opts, noun="module pair")
     with _Display(_display_enabled(opts.json_out), 1) as display:
         display.start(str(job.dump_dir or job.dist))
         got = run.supervise(run_hlo_task, (job,), display)
@@ -445,7 +446,7 @@ def check_hlo(
     seq: Path = typer.Argument(..., help="the sequential HLO text module"),
     dist: Path = typer.Argument(..., help="the distributed (SPMD, per-rank) HLO text module"),
     ranks: Optional[int] = typer.Option(None, "--ranks", help="number of ranks (default: the spec's ranks, else num_partitions * replica_count)"),
-    spec: Optional[Path] = typer.Option(None, "--spec", help="relation spec (TOML): [params] relates each input, optional [outputs] gives the expected output relations"),
+    spec: Optional[Path] = typer.Option(None, "--spec", help="relation spec (TOML): its params table relates each input, its optional outputs table gives the expected output relations"),
     custom_calls: Optional[Path] = typer.Option(None, "--custom-calls", help="custom-call registry TOML merged over the built-in one"),
     json_out: bool = typer.Option(False, "--json", help="print the versioned JSON report"),
     engine: str = typer.Option("auto", help="auto | clingo | souffle"),

@@ -37,6 +37,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from dlverify import schema as S
 from dlverify.engine import EngineName, run_program
@@ -161,7 +162,8 @@ def _block_end(rep: Repetition | None, p: int, window: int, n: int) -> tuple[int
 
 
 def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: EngineName,
-                  window: int, cache_dir: Path | None = None) -> SegmentedRun:
+                  window: int, cache_dir: Path | None = None,
+                  progress: "Callable[[int, int], None] | None" = None) -> SegmentedRun:
     index = _Index(tables)
     seq, dist = problem.seq, problem.dist
     seq_ops, dist_ops = seq.ops, dist.ops
@@ -208,6 +210,8 @@ def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: E
         p = side_d.first_ready()
         if p is None:
             break
+        if progress is not None:  # the CLI's progress line: distributed ops reached
+            progress(p, len(dist_ops))
         d_hi, reason = _block_end(rep_d, p, window, len(dist_ops))
         d_reads = {t for op in dist_ops[p:d_hi] for t in op.inputs}
         ready_d = [i for i in range(p, d_hi) if side_d.ready(i) and i not in side_d.tried]

@@ -84,6 +84,8 @@ def test_every_case_of_a_file_one_line_each_exit_0():
     verified = {line.split()[1] for line in lines if line.split()[2] == "verified"}
     assert verified == {"megatron_mlp_tp2", "megatron_mlp_tp4", "megatron_mlp_out_gelu"}
     assert "  out0 = r0.out0  (replicated on all 4 ranks)" in res.stdout.splitlines()
+    assert res.stdout.splitlines()[-1].startswith(
+        "summary: 6 cases: 3 verified, 3 bugs found as expected, 0 mismatches, 0 errors; ")
 
 
 def test_selecting_one_case_by_name():
@@ -306,3 +308,50 @@ def test_explain_flag_traces_an_output_to_the_inputs():
     assert "input relation" in res.stdout
     bad = invoke("examples/ring_shift.py::ring_shift", "--explain", "logits")
     assert bad.exit_code == 2 and "no output named 'logits'" in bad.stderr
+
+
+# ---------------------------------------------------------------- manners
+
+def test_version():
+    res = CliRunner().invoke(app, ["--version"])
+    assert res.exit_code == 0
+    assert res.stdout.startswith("dlverify ") and len(res.stdout.split()) == 2
+
+
+HOSTILE = ROOT / "tests" / "data" / "hostile"
+
+
+def test_check_dump_graph_writes_one_file_per_module(tmp_path):
+    """Two modules whose partitioned version is wrong (exp instead of tanh):
+    one failing-subgraph file each, not one overwritten file."""
+    seq = (HOSTILE / "specs" / "seq.hlo").read_text()
+    dist = (HOSTILE / "specs" / "dist.hlo").read_text().replace("tanh(x)", "exponential(x)")
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    for module in ("module_0001.jit_f", "module_0002.jit_g"):
+        (dump / f"{module}.before_optimizations.txt").write_text(seq)
+        (dump / f"{module}.after_optimizations.txt").write_text(dist)
+    res = CliRunner().invoke(app, ["check-dump", str(dump), "--graph", str(tmp_path / "g.dot")])
+    assert res.exit_code == 1, res.output
+    assert sorted(p.name for p in tmp_path.glob("g*.dot")) == [
+        "g.module_0001.jit_f.dot", "g.module_0002.jit_g.dot"]
+    assert all(p.read_text().startswith("digraph") for p in tmp_path.glob("g*.dot"))
+    assert res.stdout.splitlines()[-1].startswith("summary: 2 module pairs: 0 verified, "
+                                                  "0 bugs found as expected, 2 mismatches")
+
+
+def test_a_limit_ends_the_run_with_exit_3_and_names_the_phase(tmp_path):
+    path, _ = write_case(tmp_path, '''
+        def seq(x):
+            while True:
+                pass
+
+
+        @dlverify.case
+        def endless():
+            return case_of(seq, ident)
+    ''')
+    res = invoke(str(path), "--timeout", "2")
+    assert res.exit_code == 3, res.output
+    assert one_error_line(res).startswith("error: out of time: the run's limit of 2 s was "
+                                          "reached while in phase trace of endless")

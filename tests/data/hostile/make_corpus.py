@@ -348,7 +348,7 @@ def specs() -> None:
         f.write(name, content)
         f.expect(name, exit, args, contains, why=why)
 
-    f.expect("good_spec", 0, args, "summary: 1 case: 1 verified", file="good.toml",
+    f.expect("good_spec", 0, args, "summary: 1 module pair: 1 verified", file="good.toml",
              why="the control: this pair verifies under this spec")
     for i in range(6):
         spec(f"random_{i}.toml", _random_bytes(200 + i, 40 << i), 2, f"random_{i}.toml")
@@ -518,7 +518,7 @@ def dumps() -> None:
     f.write("good/module_0001.jit_f.after_optimizations.txt", TINY_DIST)
     f.write("good/module_0002.jit_g.before_optimizations.txt", TINY_SEQ)
     f.write("good/module_0002.jit_g.after_optimizations.txt", TINY_DIST)
-    f.expect("good", 0, args, "summary: 2 cases: 2 verified", why="the control: two modules")
+    f.expect("good", 0, args, "summary: 2 module pairs: 2 verified", why="the control: two modules")
     f.expect("good_graph_per_module", 0, [*args, "--graph", "{tmp}/g.dot", "--json"], '"schema_version"',
              file="good")
     f.save("check-dump over hostile XLA dump folders")
