@@ -308,3 +308,54 @@ def test_jax_pair_problem(tmp_path):
     with pytest.raises(InputError) as ei:
         hlo_problem(seq_f, dist_f, None, 4, IdAllocator())
     assert "num_partitions" in ei.value.message
+
+
+# ---------------------------------------------------------------------------
+# pair_modules: the one pairing of two HLO modules (files, dumps, jax.jit)
+
+PAIR_SEQ = """HloModule s
+
+ENTRY %main (a: f32[8,4], b: f32[4], c: f32[2]) -> f32[8,4] {
+  %a = f32[8,4]{1,0} parameter(0)
+  %b = f32[4]{0} parameter(1)
+  %c = f32[2]{0} parameter(2)
+  %bb = f32[8,4]{1,0} broadcast(%b), dimensions={1}
+  ROOT %r = f32[8,4]{1,0} add(%a, %bb)
+}
+"""
+PAIR_DIST = """HloModule d, num_partitions=2
+
+ENTRY %main_spmd (a: f32[4,4], b: f32[4]) -> f32[4,4] {
+  %a = f32[4,4]{1,0} parameter(0), sharding={devices=[2,1]<=[2]}
+  %b = f32[4]{0} parameter(1)
+  %bb = f32[4,4]{1,0} broadcast(%b), dimensions={1}
+  ROOT %r = f32[4,4]{1,0} add(%a, %bb)
+}
+"""
+
+
+def test_pair_modules_maps_kept_arguments_and_stands_in_for_dropped_ones():
+    from dlverify.frontends.hlo import parse_hlo_module
+    from dlverify.frontends.hlo.pairing import ParamPolicy, pair_modules
+
+    seq, dist = parse_hlo_module(PAIR_SEQ, "s.hlo"), parse_hlo_module(PAIR_DIST, "d.hlo")
+    strict = ParamPolicy(infer_from_shapes=False, sharding_is_assumption=False)
+    # Parameter b carries no sharding: under the jax.jit policy that is an error...
+    with pytest.raises(InputError, match="does not give each device an even block") as ei:
+        pair_modules(seq, dist, IdAllocator(), ranks=2, dist_args=[0, 1], policy=strict)
+    assert ei.value.file == "d.hlo" and ei.value.line == 5
+    # ... and inferred from the shapes (an assumption, listed) for HLO files.
+    p = pair_modules(seq, dist, IdAllocator(), ranks=2, dist_args=[0, 1],
+                     input_names=["x", "y", "z"])
+    assert p.inputs[0].offsets == ((0, 0), (4, 0))          # from sharding={devices=[2,1]<=[2]}
+    assert p.inputs[1].is_replicated() and p.inputs[2].is_replicated()
+    assert any("parameter 1" in a and "same shape" in a for a in p.assumptions)
+    assert any("parameter 0" in a and "sharding annotation" in a for a in p.assumptions)
+    # c, dropped by the distributed program, gets a stand-in input nothing reads.
+    stand_in = p.dist.inputs[2]
+    assert p.dist.tensors[stand_in].shape == (2,)
+    assert not any(stand_in in op.inputs for op in p.dist.ops)
+    assert p.seq.input_names == p.dist.input_names == ["x", "y", "z"]
+    # Paired by number instead, the parameter counts differ: an error at ENTRY.
+    with pytest.raises(InputError, match="3 parameters but the distributed one has 2"):
+        pair_modules(seq, dist, IdAllocator(), ranks=2)
