@@ -358,6 +358,13 @@ def seed_row(seed_id: int, s: int, d: int, r: int, tag: tuple[int, ...] | None,
                     e2=e2, e3=e3, e5=e5, e7=e7)
 
 
+def seed_fields(row: tuple) -> tuple[int, int, int, int, tuple[int, ...] | None, tuple[int, ...]]:
+    """The inverse of seed_row: (id, s, d, r, tag or None, scale)."""
+    v = dict(zip((c.name for c in SEED.columns), row))
+    tag = None if v["red"] < 0 else (v["red"], v["op"], v["axis"], v["lo"], v["hi"])
+    return v["id"], v["s"], v["d"], v["r"], tag, (v["e2"], v["e3"], v["e5"], v["e7"])
+
+
 def rule_file_of(kind: str) -> str | None:
     """The rule file whose assembler family derives views of `kind`'s outputs."""
     for fam in RULE_FAMILIES:

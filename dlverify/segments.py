@@ -194,9 +194,9 @@ def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: E
     for sid, i, o in tables.get(S.SEED_OFF, []):
         offs[sid][i] = o
     for row in tables.get(S.SEED, []):
-        sid, s, d, r, red, op, ax, lo, hi, *e = row
+        sid, s, d, r, tag, scale = S.seed_fields(row)
         o = tuple(offs[sid][i] for i in range(len(offs[sid])))
-        learn((s, d, r, offsets_record(o), None if red < 0 else (red, op, ax, lo, hi), tuple(e)))
+        learn((s, d, r, offsets_record(o), tag, scale))
 
     rep_s, rep_d = find_repetition(seq), find_repetition(dist)
     plan = SegmentPlan(rep_s, rep_d)

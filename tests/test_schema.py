@@ -88,6 +88,8 @@ def test_seed_row_puts_tag_and_scale_in_their_columns():
     assert tuple(row[col(n)] for n in ("e2", "e3", "e5", "e7")) == (1, 0, 2, 0)
     complete = S.seed_row(1, 1, 2, 0, None, S.UNIT_SCALE)
     assert complete[col("red")] < 0 and complete[col("e2"):] == S.UNIT_SCALE
+    assert S.seed_fields(row) == (7, 1, 2, 3, (0, 9, 1, 4, 8), (1, 0, 2, 0))
+    assert S.seed_fields(complete) == (1, 1, 2, 0, None, S.UNIT_SCALE)
 
 
 def test_partial_tag_bases_are_never_literals_in_the_rules():
