@@ -101,7 +101,7 @@ def _located(result: Result, run) -> str:
     r = f.ranks[0]
     views = {}
     for v in result.views:
-        if v.rank == r and v.dist in op.inputs and v.partial is None and v.scale == (0, 0, 0, 0):
+        if v.rank == r and v.dist in op.inputs and v.complete:
             views.setdefault(v.dist, v)
     first = views.get(op.inputs[0]) if op.inputs else None
     if first is None:
