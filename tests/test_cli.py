@@ -355,3 +355,31 @@ def test_a_limit_ends_the_run_with_exit_3_and_names_the_phase(tmp_path):
     assert res.exit_code == 3, res.output
     assert one_error_line(res).startswith("error: out of time: the run's limit of 2 s was "
                                           "reached while in phase trace of endless")
+
+
+def test_the_python_api_on_one_device_is_an_error_not_a_proof(tmp_path):
+    """Without XLA_FLAGS JAX sees one CPU device: a mesh asked for 2 devices
+    is cut to 1, and a 1-rank 'distributed' program would verify trivially."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "one_device.py"
+    script.write_text(textwrap.dedent('''
+        import jax, jax.numpy as jnp, numpy as np
+        from jax.sharding import Mesh, PartitionSpec as P
+        import dlverify
+        from dlverify.errors import InputError
+
+        mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
+        dist = jax.shard_map(lambda x: x * 2.0, mesh=mesh, in_specs=(P("x"),), out_specs=P("x"))
+        try:
+            dlverify.verify_jax(lambda x: x, dist, jax.ShapeDtypeStruct((4,), jnp.float32))
+        except InputError as e:
+            print("InputError:", e)
+    '''))
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "InputError: JAX sees only 1 device" in p.stdout, p.stdout + p.stderr[-2000:]
