@@ -31,6 +31,7 @@ from dlverify.limits import OutOfTime
 
 SouffleMode = Literal["auto", "compiled", "interpreted"]
 MODE_ENV = "DLVERIFY_SOUFFLE_MODE"   # auto | compiled | interpreted
+THREADS_ENV = "DLVERIFY_SOUFFLE_THREADS"  # -j for Soufflé (default 1)
 COMPILERS = ("c++", "g++", "clang++")
 # Soufflé's diagnostics: "Error: <what> in file <name> at line <n>"
 _LOCATION = re.compile(r"in file (\S+) at line (\d+)")
@@ -52,10 +53,22 @@ def souffle_command(main_dl: Path, facts_dir: Path, out_dir: Path, souffle: str 
 
 
 def default_threads() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
+    """$DLVERIFY_SOUFFLE_THREADS, else 1: the runs are small (one segment each) and a second
+    thread made a compiled 32-layer run slower on 2 busy cores (bench/bench_verify.py)."""
+    value = os.environ.get(THREADS_ENV, "")
+    if not value:
+        return 1
+    if not value.isdigit() or int(value) < 1:
+        raise EngineError(f"{THREADS_ENV}={value!r}: expected a positive number of threads")
+    return int(value)
+
+
+def _environment() -> dict[str, str]:
+    """OpenMP threads that sleep when idle: spinning ones made a 0.04 s run take 11 s when the
+    cores were busy with other work."""
+    env = dict(os.environ)
+    env.setdefault("OMP_WAIT_POLICY", "passive")
+    return env
 
 
 def cache_root() -> Path:
@@ -100,7 +113,8 @@ def _kill(proc: subprocess.Popen) -> None:
 def _run(cmd: list[str], timeout: float | None, what: str, program: Program) -> None:
     """Run cmd; kill it on any early exit; EngineError on failure, OutOfTime past `timeout`."""
     try:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=_environment())
     except OSError as e:
         raise EngineError(f"{what}: `{cmd[0]}` could not start: {e}") from None
     try:
