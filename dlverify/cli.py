@@ -242,10 +242,12 @@ class _Run:
             self.errors += 1
             self.outcomes.append(_Errored(name, file, text, outcome.seconds))
 
-    def finished(self, outcome) -> None:
-        if not outcome.matches:
+    def finished(self, item) -> None:
+        """A verdict (a tasks.ItemRun): printed, counted."""
+        self.print_lines(item.lines)
+        if not item.matches:
             self._raise_code(EXIT_MISMATCH)
-        self.outcomes.append(outcome)
+        self.outcomes.append(item)
 
     def _raise_code(self, code: int) -> None:
         # 3 (limits) over 2 (input) over 1 (mismatch) over 0
@@ -277,7 +279,7 @@ class _Run:
     def _case_outcomes(self) -> list:
         from dlverify.verdict import CaseOutcome
         return [CaseOutcome(o.name, o.file, "verified", None, error=o.text, seconds=o.seconds)
-                if isinstance(o, _Errored) else o for o in self.outcomes]
+                if isinstance(o, _Errored) else o.outcome() for o in self.outcomes]
 
     def summary(self) -> str:
         status = ["error" if isinstance(o, _Errored) else o.status for o in self.outcomes]
@@ -410,8 +412,7 @@ def check_jax(
                 got = run.supervise(run_case_task, (job,), display)
                 display.done()
                 if got.ok:
-                    run.print_lines(got.value.lines)
-                    run.finished(got.value.outcome)
+                    run.finished(got.value)
                     continue
                 run.failed(got, case_name, str(path))
                 if got.status == "out_of_time":  # the run's time is up: nothing else runs
@@ -433,8 +434,7 @@ def _run_hlo(job, opts: _Options) -> None:
         got = run.supervise(run_hlo_task, (job,), display)
     if got.ok:
         for item in got.value:
-            run.print_lines(item.lines)
-            run.finished(item.outcome)
+            run.finished(item)
     else:
         name = f"{job.seq.name} vs {job.dist.name}" if job.dump_dir is None else ""
         run.failed(got, name, str(job.dist or job.dump_dir))

@@ -6,6 +6,7 @@ child, so that the limits hold in all of them, and returns a picklable value
 without the problem graphs (large; only the extras need them)."""
 from __future__ import annotations
 
+import pickle
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,10 +57,24 @@ class HloJob:
 
 @dataclass
 class ItemRun:
-    """One verified item: its outcome and the lines the text report prints for it."""
+    """One verified item: the lines the text report prints for it, its status,
+    and its CaseOutcome pickled: the CLI's parent unpickles it only for the
+    JSON, SARIF and JUnit reports (unpickling imports the verifier's modules,
+    a second of the parent's time that a --timeout would not see)."""
 
-    outcome: CaseOutcome
-    lines: list[str] = field(default_factory=list)
+    lines: list[str]
+    status: str            # CaseOutcome.status: ok | expected | mismatch | error
+    matches: bool          # the verdict is the one the case expects
+    outcome_pickle: bytes
+
+    @classmethod
+    def of(cls, o: "CaseOutcome", lines: list[str]) -> "ItemRun":
+        if o.result is not None:
+            o.result.problem = None  # large, and only the extras (made already) need it
+        return cls(lines, o.status, o.matches, pickle.dumps(o))
+
+    def outcome(self) -> "CaseOutcome":
+        return pickle.loads(self.outcome_pickle)
 
 
 def split_target(target: str) -> tuple[Path, str | None]:
@@ -86,7 +101,7 @@ def run_case_task(job: CaseJob, reporter: Reporter = NULL_REPORTER) -> ItemRun:
     o = run_case(job.path, job.name, fn, job.engine, job.keep_facts, reporter)
     reporter.phase("report")
     lines = outcome_text(o, job.extras.verbose) + _extras(o, job.extras)
-    return ItemRun(_light(o), lines)
+    return ItemRun.of(o, lines)
 
 
 def run_hlo_task(job: HloJob, reporter: Reporter = NULL_REPORTER) -> list[ItemRun]:
@@ -118,7 +133,7 @@ def run_hlo_task(job: HloJob, reporter: Reporter = NULL_REPORTER) -> list[ItemRu
                             g.with_name(f"{g.stem}.{_file_safe(file) or i}{g.suffix}"),
                             extras.verbose)
         lines = pair_text(name, res, secs, extras.verbose) + _extras(o, extras)
-        runs.append(ItemRun(_light(o), lines))
+        runs.append(ItemRun.of(o, lines))
     return runs
 
 
@@ -136,10 +151,3 @@ def _extras(o: CaseOutcome, extras: Extras) -> list[str]:
             raise InputError(f"--explain {extras.explain!r}: rank {rank} does not exist, the "
                              f"distributed program has ranks 0..{ranks - 1}")
     return case_extras(o, explain=extras.explain, witness=extras.witness, graph=extras.graph)
-
-
-def _light(o: CaseOutcome) -> CaseOutcome:
-    """The outcome without its problem graphs, which the parent does not need."""
-    if o.result is not None:
-        o.result.problem = None
-    return o
