@@ -72,9 +72,9 @@ class _Index:
     """Rows of the fact tables grouped by the op, tensor or value they describe."""
 
     def __init__(self, tables: FactTables) -> None:
-        self.by_op: dict[int, list[tuple[S.Relation, tuple]]] = defaultdict(list)
-        self.by_tensor: dict[int, list[tuple[S.Relation, tuple]]] = defaultdict(list)
-        self.by_value: dict[int, list[tuple[S.Relation, tuple]]] = defaultdict(list)
+        self.by_op: dict[int, list[tuple[str, tuple]]] = defaultdict(list)
+        self.by_tensor: dict[int, list[tuple[str, tuple]]] = defaultdict(list)
+        self.by_value: dict[int, list[tuple[str, tuple]]] = defaultdict(list)
         self.contract: dict[int, list[tuple]] = defaultdict(list)
         self.global_rows: dict[S.Relation, list[tuple]] = {}
         for rel, rows in tables.items():
@@ -85,18 +85,24 @@ class _Index:
                 continue
             if rel in VALUE_RELS:
                 for row in rows:
-                    self.by_value[row[0]].append((rel, row))
+                    self.by_value[row[0]].append((rel.name, row))
                 continue
             op_cols = [i for i, c in enumerate(rel.columns) if c.type == "OpId"]
             t_cols = [i for i, c in enumerate(rel.columns) if c.type == "TensorId"]
             assert op_cols or t_cols, f"{rel.name}: no column to place its rows by"
-            for row in rows:
-                if rel is S.CONTRACT_SIZE:
+            if rel is S.CONTRACT_SIZE:
+                for row in rows:
                     self.contract[row[0]].append(row)
-                if op_cols:
-                    self.by_op[row[op_cols[0]]].append((rel, row))
-                else:
-                    self.by_tensor[row[t_cols[0]]].append((rel, row))
+            # Rows are placed by relation name (a str caches its hash; a Relation does not).
+            name = rel.name
+            if op_cols:
+                c = op_cols[0]
+                for row in rows:
+                    self.by_op[row[c]].append((name, row))
+            else:
+                c = t_cols[0]
+                for row in rows:
+                    self.by_tensor[row[c]].append((name, row))
 
 
 class _Side:
@@ -340,19 +346,21 @@ def _seq_start(ready_d: list[int], dist_ops: list, seq_ops: list,
 
 
 def _window_tables(index: _Index, order: list[int], seeds: set[ViewRow]) -> dict[S.Relation, list[tuple]]:
-    """Every fact the rules can read about the window's ops, tensors and values."""
-    wt: dict[S.Relation, list[tuple]] = defaultdict(list)
+    """Every fact the rules can read about the window's ops, tensors and values.
+    (Rows are grouped by relation name: hashing a Relation per row costs more than
+    everything else here.)"""
+    wt: dict[str, list[tuple]] = defaultdict(list)
     for rel, rows in index.global_rows.items():
         if rel not in OUTPUT_RELS:
-            wt[rel] = list(rows)
+            wt[rel.name] = list(rows)
     seen: set[int] = set()
     tensors: list[int] = []
     for x in order:
         if x in seen:
             continue
         seen.add(x)
-        for rel, row in index.by_op.get(x, ()):
-            wt[rel].append(row)
+        for name, row in index.by_op.get(x, ()):
+            wt[name].append(row)
         tensors.append(x)
     for s, d, *_ in seeds:
         for t in (s, d):
@@ -360,22 +368,24 @@ def _window_tables(index: _Index, order: list[int], seeds: set[ViewRow]) -> dict
                 seen.add(t)
                 tensors.append(t)
     values: set[int] = set()
+    seq_splat, dist_splat = S.SEQ_SPLAT.name, S.DIST_SPLAT.name
     for t in tensors:
-        for rel, row in index.by_tensor.get(t, ()):
-            wt[rel].append(row)
-            if rel is S.SEQ_SPLAT:
+        for name, row in index.by_tensor.get(t, ()):
+            wt[name].append(row)
+            if name == seq_splat:
                 values.add(row[1])
-            elif rel is S.DIST_SPLAT:
+            elif name == dist_splat:
                 values.add(row[2])
     # Partial terms carried in from earlier segments name their reduction: its size.
     for _, _, _, _, tag, _ in seeds:
         if tag is not None and tag[1] not in seen:
-            wt[S.CONTRACT_SIZE].extend(index.contract.get(tag[1], ()))
+            wt[S.CONTRACT_SIZE.name].extend(index.contract.get(tag[1], ()))
+    ratio = S.VALUE_RATIO.name
     for v in values:
-        for rel, row in index.by_value.get(v, ()):
-            if rel is not S.VALUE_RATIO or row[1] in values:
-                wt[rel].append(row)
-    return wt
+        for name, row in index.by_value.get(v, ()):
+            if name != ratio or row[1] in values:
+                wt[name].append(row)
+    return {S.BY_NAME[name]: rows for name, rows in wt.items()}
 
 
 def _judge_outputs(index: _Index, known: set[ViewRow], main_dl: Path,
