@@ -272,7 +272,10 @@ class _Run:
         except OSError as e:
             typer.echo(f"error: writing a report failed: {e}", err=True)
             self._raise_code(EXIT_INPUT)
-        if not self.opts.json_out and (self.outcomes or self.not_run):
+        # one item that ended in an error: the error line says it all (bad input
+        # is one line); otherwise the summary closes the report
+        verdicts = [o for o in self.outcomes if not isinstance(o, _Errored)]
+        if not self.opts.json_out and (verdicts or len(self.outcomes) + self.not_run > 1):
             typer.echo(self.summary())
         raise typer.Exit(self.code)
 
@@ -468,10 +471,10 @@ def check_hlo(
                                {"--sarif": sarif, "--junit": junit, "--graph": graph}, keep_facts)
         if ranks is not None and not 1 <= ranks <= 65536:
             raise InputError(f"--ranks {ranks}: the supported range is 1..65536")
-        for label, p in (("sequential module", seq), ("distributed module", dist)):
+        for p in (seq, dist):
             if not p.is_file():
-                raise InputError(f"{label}: {'not a file' if p.exists() else 'no such file'}",
-                                 str(p))
+                raise InputError("cannot read HLO file: "
+                                 + ("not a file" if p.exists() else "no such file"), str(p))
         _toml_ok(spec, "--spec")
         _toml_ok(custom_calls, "--custom-calls")
         job = HloJob(seq=seq, dist=dist, spec=spec, ranks=ranks, engine=engine,

@@ -153,6 +153,8 @@ def test_check_dump_verdict_per_module(dump_dir):
     # verifies too (check-dump compares each module with itself before partitioning)
     assert r.exit_code == EXIT_OK, r.output
     heads = [line for line in r.output.splitlines() if not line.startswith(" ")]
+    assert heads[-1].startswith("summary: 2 module pairs: 2 verified, ")
+    heads = heads[:-1]
     assert len(heads) == 2 and all(h.startswith("verified") for h in heads)
     assert "jit_mlp (before optimizations vs after SPMD partitioning)" in heads[0]
     doc = json.loads(run("check-dump", dump_dir, "--json").output)
