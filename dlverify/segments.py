@@ -45,7 +45,7 @@ from dlverify.facts import FactTables
 from dlverify.ir import Graph
 from dlverify.memo import Memo, canonicalise, offsets_record, views_back
 from dlverify.problem import Problem
-from dlverify.structure import Repetition, Segment, SegmentPlan, find_repetition
+from dlverify.structure import Repetition, Segment, SegmentPlan, find_repetitions
 
 # Small relations every segment needs whole.
 GLOBAL = frozenset({S.RANK_COUNT})
@@ -152,18 +152,30 @@ class _Side:
         return None
 
 
-def _block_end(rep: Repetition | None, p: int, window: int, n: int) -> tuple[int, str]:
+def _containing(reps: list[Repetition], p: int) -> int | None:
+    """Index of the repetition whose blocks contain position p."""
+    for k, rep in enumerate(reps):
+        if rep.start <= p < rep.stop:
+            return k
+    return None
+
+
+def _block_end(reps: list[Repetition], p: int, window: int, n: int) -> tuple[int, str]:
     """End of the distributed window starting at p, and why it ends there."""
-    if rep is not None and rep.start <= p < rep.stop:
+    k = _containing(reps, p)
+    if k is not None:
+        rep = reps[k]
         m = max(1, round(window / rep.period))
-        k = min(rep.count, (p + m * rep.period - rep.start) // rep.period)
-        end = rep.start + k * rep.period
+        blocks = min(rep.count, (p + m * rep.period - rep.start) // rep.period)
+        end = rep.start + blocks * rep.period
         if end <= p:
             end = min(rep.stop, rep.start + ((p - rep.start) // rep.period + 1) * rep.period)
         first = (p - rep.start) // rep.period
-        return end, f"blocks {first}..{(end - rep.start - 1) // rep.period} of {rep.count}"
-    if rep is not None and p < rep.start <= p + window:
-        return rep.start, "ops before the repeated blocks"
+        return end, (f"blocks {first}..{(end - rep.start - 1) // rep.period} of {rep.count} "
+                     f"(repetition {k})")
+    nxt = [r.start for r in reps if p < r.start <= p + window]
+    if nxt:
+        return min(nxt), "ops before repeated blocks"
     return min(n, p + window), f"{window}-op window"
 
 
@@ -204,7 +216,7 @@ def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: E
         o = tuple(offs[sid][i] for i in range(len(offs[sid])))
         learn((s, d, r, offsets_record(o), tag, scale))
 
-    rep_s, rep_d = find_repetition(seq), find_repetition(dist)
+    rep_s, rep_d = find_repetitions(seq), find_repetitions(dist)
     plan = SegmentPlan(rep_s, rep_d)
     memo = Memo(main_dl, str(engine), cache_dir)
     ratio = len(seq_ops) / max(1, len(dist_ops))
@@ -223,16 +235,18 @@ def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: E
         ready_d = [i for i in range(p, d_hi) if side_d.ready(i) and i not in side_d.tried]
         # Where the window's partners begin; earlier when ops computed from
         # constants alone (rope tables, masks) are still waiting.
-        q = _seq_start(ready_d, dist_ops, seq_ops, by_dist, side_s)
+        q = _seq_start(ready_d, dist_ops, seq_ops, by_dist, side_s, max(1, (d_hi - p) // 2))
         why = "from the first partner (same kind, related operands) of a ready distributed op"
         first = side_s.first_ready()
         if first is not None and (q is None or first < q):
             q, why = first, "from the first ready sequential op (computed from constants)"
         if q is None:
             q, why = floor_s, "where the previous one started (no partner candidates)"
-        if rep_d is not None and rep_s is not None and rep_d.start <= p < rep_d.stop:
-            s_len = math.ceil((d_hi - p) / rep_d.period) * rep_s.period
-            why += f", as many sequential blocks of {rep_s.period} ops"
+        k = _containing(rep_d, p)
+        if k is not None and len(rep_s) == len(rep_d):
+            # The k-th repetitions of the two programs are the same layers.
+            s_len = math.ceil((d_hi - p) / rep_d[k].period) * rep_s[k].period
+            why += f", as many sequential blocks of {rep_s[k].period} ops"
         else:
             s_len = math.ceil((d_hi - p) * max(1.0, ratio) * SEQ_SLACK) + 1
         s_hi = min(len(seq_ops), q + s_len)
@@ -307,15 +321,17 @@ def _constant_producers(side: _Side, lo: int, hi: int, views: dict[int, set[View
 
 
 def _seq_start(ready_d: list[int], dist_ops: list, seq_ops: list,
-               by_dist: dict[int, set[ViewRow]], side_s: _Side) -> int | None:
-    """The first sequential op that can be the partner of a distributed op ready at
-    the start of the window: the same kind and arity, and each operand related to
-    the distributed operand at the same position (operands with no view yet,
-    constants, match anything). A candidate whose result has no view yet is
-    preferred: ops of equal operands recur in every layer (a broadcast of the rope
-    table), and the partner is the one not yet related. None when no ready op has
-    a candidate partner."""
-    best: int | None = None
+               by_dist: dict[int, set[ViewRow]], side_s: _Side, look_back: int) -> int | None:
+    """Where the partners of the distributed ops ready at the start of the window
+    begin. A partner has the same kind and arity, and each operand related to the
+    distributed operand at the same position (operands with no view yet,
+    constants, match anything). Ops of equal operands recur (a broadcast of a norm
+    weight in the forward and again in the backward pass), so a partner whose
+    result has no view yet ("fresh") is preferred; an already related one counts
+    only within `look_back` ops before the first fresh one (a sequential value
+    shared by two distributed values). None when no ready op has a partner."""
+    first_fresh: int | None = None
+    done: list[int] = []
     for i in ready_d:
         dop = dist_ops[i]
         related = [{row[0] for row in by_dist.get(t, ())} for t in dop.inputs]
@@ -324,7 +340,7 @@ def _seq_start(ready_d: list[int], dist_ops: list, seq_ops: list,
             continue
         _, k = min(keyed)
         fresh: int | None = None
-        done: int | None = None
+        old: int | None = None
         for s in related[k]:
             for c in side_s.consumers.get(s, ()):
                 if fresh is not None and c >= fresh:
@@ -337,12 +353,17 @@ def _seq_start(ready_d: list[int], dist_ops: list, seq_ops: list,
                 if sop.output not in side_s.has:
                     fresh = c
                     break
-                if done is None or c < done:
-                    done = c
-        partner = fresh if fresh is not None else done
-        if partner is not None and (best is None or partner < best):
-            best = partner
-    return best
+                if old is None or c < old:
+                    old = c
+        if fresh is not None:
+            if first_fresh is None or fresh < first_fresh:
+                first_fresh = fresh
+        elif old is not None:
+            done.append(old)
+    if first_fresh is None:
+        return min(done, default=None)
+    near = [c for c in done if first_fresh - look_back <= c < first_fresh]
+    return min(near, default=first_fresh)
 
 
 def _window_tables(index: _Index, order: list[int], seeds: set[ViewRow]) -> dict[S.Relation, list[tuple]]:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from dlverify.ir import Graph, Op
 
 MIN_REPEATS = 3
+MIN_COVERED = 24  # ops: shorter repetitions (three equal broadcasts) are not structure
 CANDIDATE_SIGNATURES = 24  # rarest repeated signatures whose gaps propose periods
 
 
@@ -67,16 +68,17 @@ class Segment:
 class SegmentPlan:
     """How the programs were cut and paired (printed by `-v`)."""
 
-    seq_blocks: Repetition | None
-    dist_blocks: Repetition | None
+    seq_blocks: list[Repetition]
+    dist_blocks: list[Repetition]
     segments: list[Segment] = field(default_factory=list)
     memo_hits: int = 0
     cache_hits: int = 0
     engine_runs: int = 0
 
     def lines(self) -> list[str]:
-        def blocks(name: str, rep: Repetition | None) -> str:
-            return f"{name}: " + (rep.describe() if rep else "no repeated blocks found")
+        def blocks(name: str, reps: list[Repetition]) -> str:
+            found = "; ".join(r.describe() for r in reps)
+            return f"{name}: " + (found or "no repeated blocks found")
 
         summary = (f"{len(self.segments)} segments: {self.engine_runs} engine runs, "
                    f"{self.memo_hits} memo hits ({self.cache_hits} from the on-disk cache)")
@@ -148,16 +150,15 @@ def _crossing_counts(g: Graph) -> list[int]:
     return out
 
 
-def find_repetition(g: Graph) -> Repetition | None:
-    """The longest stretch of identical consecutive blocks, cut at its quietest point."""
-    if len(g.ops) < 2 * MIN_REPEATS:
-        return None
-    sigs = signature_ids(g)
+def _best_in(sigs: list[int], lo: int, hi: int, crossing: list[int]) -> Repetition | None:
+    """The longest stretch of identical consecutive blocks within ops [lo, hi), cut at
+    its quietest point."""
+    sub = sigs[lo:hi]
     best: tuple[int, int, int] | None = None  # (covered ops, -period, a)
-    for period in _candidate_periods(sigs):
-        if period <= 0 or period * MIN_REPEATS > len(sigs):
+    for period in _candidate_periods(sub):
+        if period <= 0 or period * MIN_REPEATS > len(sub):
             continue
-        a, b = _longest_run(sigs, period)
+        a, b = _longest_run(sub, period)
         covered = b - a + period
         if covered // period < MIN_REPEATS:
             continue
@@ -168,10 +169,36 @@ def find_repetition(g: Graph) -> Repetition | None:
         return None
     covered, neg_period, a = best
     period = -neg_period
-    crossing = _crossing_counts(g)
     # The cut: the position in the first block crossed by the fewest tensors.
-    cut = min(range(a, a + period), key=lambda i: (crossing[i], i))
-    count = (a + covered - cut) // period
-    if count < MIN_REPEATS - 1:
+    cut = min(range(lo + a, lo + a + period), key=lambda i: (crossing[i], i))
+    count = (lo + a + covered - cut) // period
+    if count < MIN_REPEATS - 1 or count * period < MIN_COVERED:
         return None
     return Repetition(cut, period, count)
+
+
+def find_repetitions(g: Graph) -> list[Repetition]:
+    """Every stretch of repeated blocks, in program order: the longest one, then the
+    longest ones before and after it (a training step: the forward layers, then
+    the backward layers)."""
+    if len(g.ops) < 2 * MIN_REPEATS:
+        return []
+    sigs = signature_ids(g)
+    crossing = _crossing_counts(g)
+    out: list[Repetition] = []
+    todo = [(0, len(sigs))]
+    while todo:
+        lo, hi = todo.pop()
+        if hi - lo < 2 * MIN_REPEATS:
+            continue
+        rep = _best_in(sigs, lo, hi, crossing)
+        if rep is None:
+            continue
+        out.append(rep)
+        todo += [(lo, rep.start), (rep.stop, hi)]
+    return sorted(out, key=lambda r: r.start)
+
+
+def find_repetition(g: Graph) -> Repetition | None:
+    """The stretch of repeated blocks covering the most ops."""
+    return max(find_repetitions(g), key=lambda r: (r.period * r.count, -r.start), default=None)

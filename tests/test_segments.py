@@ -25,3 +25,26 @@ def test_tiny_windows_match_one_fixpoint(path, name):
     assert set(seg.views) <= set(whole.views)
     assert seg.outputs == whole.outputs
     assert [(f.op, f.line) for f in seg.failures] == [(f.op, f.line) for f in whole.failures]
+
+
+@pytest.mark.parametrize("dtype,train", [("float32", False), ("bfloat16", False),
+                                         ("float16", False), ("float32", True)])
+def test_layers_are_segments_and_repeat_without_a_retry(dtype, train):
+    """Six Llama layers (TP=2 + SP): the forward, and the backward of a training step,
+    are cut at layer boundaries; the segments of equal layers are memo hits; the
+    segments alone prove every output (no retry as one fixpoint)."""
+    import sys
+
+    from conftest import ROOT
+    sys.path.insert(0, str(ROOT / "examples" / "models"))
+    import llama3
+
+    cfg = llama3.SMALL._replace(layers=6, dtype=dtype)
+    c = llama3.make_case(2, sp=True, train=train, cfg=cfg)
+    res = verify_problem(import_jax(c.seq, c.dist, c.args, "llama6"), engine="clingo")
+    assert res.verified, res.failures[:2]
+    assert not any("one fixpoint" in n for n in res.notes)
+    plan = res.segment_plan
+    assert len(plan.dist_blocks) == (2 if train else 1)  # forward (and backward) layers
+    assert all(r.count >= 4 for r in plan.dist_blocks + plan.seq_blocks)
+    assert plan.memo_hits >= 3 * len(plan.dist_blocks)
