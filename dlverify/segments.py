@@ -14,16 +14,20 @@ The schedule follows the derivation, not a clock:
   have views, its result has none) and has not been tried yet; an op ready at
   the start of a segment counts as tried, so every segment makes progress and
   a chain of any length advances one segment at a time (no lagging window);
-- it ends at a boundary of the program's repeated blocks (dlverify/structure.py)
-  when the program has them, so the segments of equal layers are equal up to
-  renaming and one engine run serves them all (dlverify/memo.py);
-- the sequential window starts at the first ready, untried sequential op that
-  reads a tensor related to a tensor the distributed window reads (the partner
-  of a ready distributed op reads exactly such tensors), or earlier at the
-  first ready, untried sequential op at all (tables computed from constants),
-  and covers as many sequential blocks as the distributed window covers blocks.
-  A sequential op ready at the start counts as tried once an op after it in
-  the same window was related.
+- it ends at a boundary of the program's repeated blocks (dlverify/structure.py:
+  forward layers, backward layers) when it lies in one, so the segments of
+  equal layers are equal up to renaming and one engine run serves them all
+  (dlverify/memo.py);
+- the sequential window starts at the first *partner* of a distributed op
+  ready at the start: a sequential op of the same kind whose operands are
+  related to that op's operands (one not yet related preferred), or earlier at
+  the first ready, untried sequential op (tables computed from constants); it
+  covers as many sequential blocks as the distributed window covers blocks of
+  the paired repetition, else the ops' ratio times 1.5. A sequential op ready
+  at the start counts as tried once an op after it in the window was related.
+- ops outside the window that compute, from constants alone, a tensor the
+  window reads (iota, broadcast constants) join it: their views come from their
+  own facts.
 
 Outputs and the failing frontier are judged after the last segment from the
 union of the views (the same definitions as datalog/verdict.dl), so no
