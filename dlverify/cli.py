@@ -287,12 +287,17 @@ class _Run:
     def summary(self) -> str:
         status = ["error" if isinstance(o, _Errored) else o.status for o in self.outcomes]
         n = len(self.outcomes) + self.not_run
-        text = (f"summary: {n} {self.noun}{'s' if n != 1 else ''}: {status.count('ok')} verified, "
-                f"{status.count('expected')} bugs found as expected, "
-                f"{status.count('mismatch')} mismatches, {status.count('error')} errors")
+        bugs, mismatches, errors = (status.count(k) for k in ("expected", "mismatch", "error"))
+        text = (f"summary: {_count(n, self.noun)}: {status.count('ok')} verified, "
+                f"{_count(bugs, 'bug')} found as expected, {_count(mismatches, 'mismatch')}, "
+                f"{_count(errors, 'error')}")
         if self.not_run:
             text += f", {self.not_run} not run"
         return text + f"; {time.monotonic() - self.started:.1f}s"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}{'es' if noun.endswith('ch') else 's'}"
 
 
 class _Display:
