@@ -9,7 +9,8 @@ Exit codes:
      report it; DLVERIFY_DEBUG=1 prints its traceback). Never a traceback else;
   3  out of time (--timeout, for the whole run) or memory (--max-memory, for
      each case or HLO pair).
-When several apply, the highest wins, except that 1 never hides 2 or 3.
+When several apply, the highest wins (3 over 2 over 1). Interrupted (Ctrl-C):
+130; the reader of stdout went away (`| head`): 141, quietly.
 
 Every case (and every HLO pair or dump folder) runs in a supervised child
 process (dlverify/supervise.py): the limits hold in every phase, and a case
@@ -365,6 +366,8 @@ def _run_command(body: Callable[[], None]) -> None:
     except KeyboardInterrupt:
         typer.echo("error: interrupted", err=True)
         raise typer.Exit(130)
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as cat does
+        raise typer.Exit(141)
     except MemoryError:
         typer.echo("error: out of memory", err=True)
         raise typer.Exit(EXIT_RESOURCES)
