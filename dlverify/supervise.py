@@ -216,14 +216,15 @@ def _supervise(proc, recv: Connection, send: Connection, limits: Limits, deadlin
                on_event: Callable[[Event], None] | None) -> TaskOutcome:
     phase = "startup"
     started, cancelled = threading.Event(), threading.Event()
+    start_errors: list[BaseException] = []
 
     def start() -> None:
         # Process.start() blocks while the fork server imports JAX (the first
         # time): a thread, so that the deadline holds during that wait too.
         try:
             proc.start()
-        except BaseException:  # noqa: BLE001: reported as a crash below
-            pass
+        except BaseException as e:  # noqa: BLE001: reported below
+            start_errors.append(e)
         finally:
             send.close()
             started.set()
@@ -240,8 +241,11 @@ def _supervise(proc, recv: Connection, send: Connection, limits: Limits, deadlin
                 return TaskOutcome("out_of_time", phase=phase, seconds=time.monotonic() - t0,
                                    message=_time_message(limits, deadline, phase))
         if proc.pid is None:
-            return TaskOutcome("crashed", phase=phase, seconds=time.monotonic() - t0,
-                               message="the child process could not be started")
+            why = (f"{type(start_errors[0]).__name__}: {_one_line(start_errors[0])}"
+                   if start_errors else "unknown cause")
+            return TaskOutcome("internal_error", phase=phase, seconds=time.monotonic() - t0,
+                               message=f"internal error in startup: the child process could "
+                                       f"not be started: {why}")
         while True:
             remaining = None if end is None else end - time.monotonic()
             if remaining is not None and remaining <= 0:
