@@ -11,6 +11,7 @@ Manifest format (shared with hlo/): one table per input,
     contains = "..."              # a substring of stdout + stderr
     args = ["check-jax", "{file}"]
     file = "other"                # optional: the input, when NAME is a label
+    subprocess = true             # optional: run `python -m dlverify.cli`, not in-process
 
 with {file} the input's absolute path, {dir} its folder, {tmp} a fresh
 empty folder and {data} tests/data. tests/test_hostile.py runs every entry.
@@ -92,7 +93,7 @@ class Folder:
         return path
 
     def expect(self, name: str, exit: int, args: list[str], contains: str = "",
-               file: str | None = None, why: str = "") -> None:
+               file: str | None = None, why: str = "", subprocess: bool = False) -> None:
         lines = [f"# {why}"] if why else []
         lines.append(f'[files."{name}"]')
         lines.append(f"exit = {exit}")
@@ -101,6 +102,8 @@ class Folder:
         lines.append("args = [" + ", ".join(_toml_str(a) for a in args) + "]")
         if file is not None:
             lines.append(f"file = {_toml_str(file)}")
+        if subprocess:
+            lines.append("subprocess = true")
         self.entries.append("\n".join(lines))
 
     def case(self, name: str, content: str | bytes, exit: int, contains: str = "",
@@ -454,6 +457,9 @@ def options() -> None:
     opt("timeout_tiny", ["--timeout", "1e-300"], 3, "out of time",
         why="a valid limit that no run can meet")
     opt("timeout_hlo_tiny", ["--timeout", "1e-9"], 3, "out of time", base=hlo_args)
+    f.expect("timeout_in_a_real_process", 3, [*jax_args, "--timeout", "0.5"], "out of time",
+             file="tiny.py", subprocess=True,
+             why="python -m dlverify.cli: the deadline holds while the fork server starts")
     for value, label in (("-1", "negative"), ("0", "zero"), ("1e300", "huge"), ("lots", "word"),
                          ("4X", "bad_unit"), ("1K", "too_small"), ("nan", "nan"), ("", "empty"),
                          ("G", "unit_only"), ("1e30T", "huge_terabytes")):
