@@ -18,15 +18,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+import marshal
 import os
+import sys
 from dataclasses import dataclass, field
+from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
+from typing import Callable
 
 from dlverify import schema as S
 
 ViewRow = tuple  # (s, d, r, offsets-record, tag-record | None, scale-record)
 ID_TYPES = frozenset({"OpId", "TensorId"})
+# Relations whose rows a segment gathers by iterating a set (reduction sizes named
+# by seeds): sorted after renaming, so equal segments list them alike.
+SET_ORDERED = frozenset({S.CONTRACT_SIZE})
+MARSHAL_VERSION = 4  # the key's serialisation (deterministic for lists of int tuples)
 # Relations whose ValueId columns are named first (by the tensor they describe),
 # so interned values get canonical names in a canonical order.
 VALUE_FIRST = (S.SEQ_SPLAT, S.DIST_SPLAT)
@@ -41,17 +49,29 @@ class Canonical:
     back: list[int]  # canonical id -> original op or tensor id (index 0 unused)
 
 
-class _Namer:
+class _Namer(dict):
+    """Original id -> canonical id, numbered from 1 in order of first lookup
+    (`namer[x]`: a dict lookup, the common case, runs at C speed)."""
+
     def __init__(self) -> None:
-        self.fwd: dict[int, int] = {}
+        super().__init__()
         self.back: list[int] = [0]
 
-    def __call__(self, x: int) -> int:
-        y = self.fwd.get(x)
-        if y is None:
-            y = self.fwd[x] = len(self.back)
-            self.back.append(x)
+    def __missing__(self, x: int) -> int:
+        y = self[x] = len(self.back)
+        self.back.append(x)
         return y
+
+    def __call__(self, x: int) -> int:
+        return self[x]
+
+
+@lru_cache(maxsize=None)
+def _renamer(arity: int, cols: tuple[int, ...]) -> Callable[[tuple, _Namer], tuple]:
+    """A function renaming columns `cols` of a row of `arity` columns (generated
+    once per shape: the generic loop over columns dominated a segment's cost)."""
+    parts = ", ".join(f"g[r[{i}]]" if i in cols else f"r[{i}]" for i in range(arity))
+    return eval(f"lambda r, g: ({parts},)")  # noqa: S307 - built from integers only
 
 
 def offsets_record(offs: tuple[int, ...] | list[int]) -> object:
@@ -67,13 +87,6 @@ def record_offsets(rec: object) -> list[int]:
         h, rec = rec  # type: ignore[misc]
         out.append(h)
     return out
-
-
-def _with_ids(row: tuple, cols: list[int], ids: _Namer) -> list:
-    new = list(row)
-    for i in cols:
-        new[i] = ids(row[i])
-    return new
 
 
 def canonicalise(order: list[int], tables: dict[S.Relation, list[tuple]],
@@ -113,20 +126,26 @@ def canonicalise(order: list[int], tables: dict[S.Relation, list[tuple]],
         sig_cols = [i for i, c in enumerate(rel.columns) if rel is S.OP_SIG and c.name == "sig"]
         masked = val_cols + sig_cols
 
-        renamed = [_with_ids(row, id_cols, ids) for row in rows]
-        if masked:
-            # Name values and signatures in the order of the rows' other columns.
-            renamed.sort(key=lambda row: [0 if i in masked else x for i, x in enumerate(row)])
-            for row in renamed:
-                for i in val_cols:
-                    row[i] = values(row[i])
-                for i in sig_cols:
-                    row[i] = sigs(row[i])
+        rename = _renamer(rel.arity, tuple(id_cols))
+        if not masked:
+            # Rows arrive in the order of `order` (ops, then tensors); only rows
+            # gathered from sets need sorting to get a canonical order.
+            renamed_rows = [rename(row, ids) for row in rows]
+            out[rel] = sorted(renamed_rows) if rel in SET_ORDERED else renamed_rows
+            continue
+        # Name values and signatures in the order of the rows' other columns.
+        renamed = [list(rename(row, ids)) for row in rows]
+        renamed.sort(key=lambda row: [0 if i in masked else x for i, x in enumerate(row)])
+        for row in renamed:
+            for i in val_cols:
+                row[i] = values(row[i])
+            for i in sig_cols:
+                row[i] = sigs(row[i])
         out[rel] = sorted(tuple(row) for row in renamed)
     h = hashlib.sha256()
     for rel in sorted(out, key=lambda r: r.name):
         h.update(rel.name.encode())
-        h.update(repr(out[rel]).encode())
+        h.update(marshal.dumps(out[rel], MARSHAL_VERSION))
     return Canonical(out, h.hexdigest(), ids.back)
 
 
@@ -179,7 +198,8 @@ class Memo:
         if self.cache_dir is not None:
             self.cache_dir = Path(self.cache_dir)
             self.cache_dir.mkdir(parents=True, exist_ok=True)
-            self._salt = f"{rules_hash(self.main_dl)}:{_version()}:{self.engine}"
+            self._salt = (f"{rules_hash(self.main_dl)}:{_version()}:{self.engine}:"
+                          f"{sys.version_info[:2]}")
 
     def _path(self, key: str) -> Path:
         assert self.cache_dir is not None
