@@ -495,7 +495,7 @@ def options() -> None:
     opt("check_missing_seq", [], 2, "no such file", base=["check", "{dir}/nope.hlo", "{dir}/dist.hlo"])
     opt("check_seq_is_directory", [], 2, "not a file", base=["check", "{dir}", "{dir}/dist.hlo"])
     opt("dump_is_a_file", [], 2, "not a directory", base=["check-dump", "{dir}/tiny.py"])
-    opt("graph_for_a_bug", ["--graph", "{tmp}/g.dot"], 0, "bugs found as expected",
+    opt("graph_for_a_bug", ["--graph", "{tmp}/g.dot"], 0, "1 bug found as expected",
         file="bug.py", base=["check-jax", "{dir}/bug.py"])
     f.save("hostile command-line options: absurd numbers, unwritable paths, bad targets")
 
