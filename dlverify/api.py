@@ -105,12 +105,14 @@ def verify_problem(problem: Problem, engine: EngineName = "auto",
 
 def verify_jax(seq_fn: Callable[..., Any], dist_fn: Callable[..., Any], *args: Any,
                engine: EngineName = "auto", keep_facts: Path | None = None,
-               name: str = "", window: int = DEFAULT_WINDOW, reporter: Any = None) -> Result:
+               name: str = "", window: int = DEFAULT_WINDOW, reporter: Any = None,
+               cache_dir: Path | None = None) -> Result:
     """Prove that `dist_fn` computes what `seq_fn` computes for all inputs of the
     shapes of `args` (arrays or jax.ShapeDtypeStructs). `dist_fn` is a shard_map
     program, or a `jax.jit(f, in_shardings=..., out_shardings=...)`: then its
     SPMD-partitioned per-device HLO is verified (frontends/jax_compiled.py).
-    `reporter` (dlverify.supervise.Reporter) is told the phases."""
+    `reporter` (dlverify.supervise.Reporter) is told the phases; `cache_dir`: the
+    on-disk segment cache (see verify_problem)."""
     from dlverify.frontends.jax_compiled import import_jax_compiled, uses_shard_map
     from dlverify.frontends.jaxpr import import_jax  # imports jax: only when needed
 
@@ -124,11 +126,11 @@ def verify_jax(seq_fn: Callable[..., Any], dist_fn: Callable[..., Any], *args: A
         problem = import_jax_compiled(seq_fn, dist_fn, tuple(args), name=name)
         _check_devices(problem)
         return verify_problem(problem, engine, keep_facts, {"compile": time.perf_counter() - t0},
-                              window, reporter=reporter)
+                              window, reporter=reporter, cache_dir=cache_dir)
     problem = import_jax(seq_fn, dist_fn, tuple(args), name=name)
     _check_devices(problem)
     return verify_problem(problem, engine, keep_facts, {"trace": time.perf_counter() - t0}, window,
-                          reporter=reporter)
+                          reporter=reporter, cache_dir=cache_dir)
 
 
 MAX_DIM = 2**31 - 1  # XLA's dimension sizes are int64, but nothing real is this big
