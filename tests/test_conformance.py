@@ -174,6 +174,14 @@ Out(c) :- c = count : E(_).
 .output Out
 Out(x, s) :- E(x, s), x > 1.
 """, inputs={"E": [(1, "a"), (2, "b c"), (3, "d")]}),
+    Case("plan_on_a_rule_soufflé_drops", """\
+.decl Empty(x: number, y: number)
+.decl Out(x: number, y: number)
+.output Out
+Out(1, 2).
+Out(x, z) :- Out(x, y), Empty(y, z).
+.plan 1:(2,1)
+"""),
     Case("includes_and_pragma_once", """\
 #include "lib/a.dl"
 #include "lib/b.dl"

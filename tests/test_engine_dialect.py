@@ -113,7 +113,7 @@ C(x) :- B(x, y), C(y), x = (y + -2) * 3 / 2 % 5, y >= -x.
 L([1, [2, nil]]).
 L([h + 1, t]) :- L(l), l = [h, t], h < 10.
 S("a b").
-C(n) :- A(y), n = count : { B(y, _), B(_, y) }.
+C(n) :- A(y), n = count : { B(y, _), y > 0 }.
 C(n) :- A(y), n = sum z : { B(y, z), A(z) }.
 C(n) :- n = min z + 1 : B(_, z).
 C(n) :- A(n), n = max z : { B(n, z) }.
@@ -124,7 +124,7 @@ C(n) :- A(n), n = max z : { B(n, z) }.
         "l((1,(2,nil))).",
         "l(((V_h + 1),V_t)) :- l(V_l), V_l = (V_h,V_t), V_h < 10.",
         's("a b").',
-        "c(V_n) :- a(V_y), V_n = #count{ W_1,W_2 : b(V_y,W_1), b(W_2,V_y) }.",
+        "c(V_n) :- a(V_y), V_n = #count{ W_1 : b(V_y,W_1), V_y > 0 }.",
         "c(V_n) :- a(V_y), V_n = #sum{ V_z,V_z : b(V_y,V_z), a(V_z) }.",
         "c(V_n) :- V_n = #min{ (V_z + 1),V_z : b(_,V_z) }, V_n != #sup.",
         "c(V_n) :- a(V_n), V_n = #max{ V_z,V_z : b(V_n,V_z) }, V_n != #inf.",

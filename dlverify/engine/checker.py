@@ -85,8 +85,12 @@ class _Checker:
         for c in p.clauses:
             self.clause(c)
         components = self.stratify()
+        empty = {name for name in p.decls if name not in p.inputs} - {c.head.rel for c in p.clauses}
         for c in p.clauses:
-            if c.plans:
+            # Soufflé drops a rule over a relation without rules, facts or .input before it
+            # checks plans (it only warns "No rules/facts defined"), so its plan is not checked
+            dead = any(isinstance(lit, Atom) and not lit.negated and lit.rel in empty for lit in c.body)
+            if c.plans and not dead:
                 self.plans(c, components)
 
     def known_type(self, ty: str, file: str, line: int) -> None:
