@@ -164,7 +164,13 @@ def _containing(reps: list[Repetition], p: int) -> int | None:
     return None
 
 
-def _block_end(reps: list[Repetition], p: int, window: int, n: int) -> tuple[int, str]:
+@dataclass(frozen=True)
+class _WindowEnd:
+    stop: int  # the distributed window is [start, stop)
+    reason: str  # why it ends there
+
+
+def _block_end(reps: list[Repetition], p: int, window: int, n: int) -> _WindowEnd:
     """End of the distributed window starting at p, and why it ends there."""
     k = _containing(reps, p)
     if k is not None:
@@ -175,12 +181,12 @@ def _block_end(reps: list[Repetition], p: int, window: int, n: int) -> tuple[int
         if end <= p:
             end = min(rep.stop, rep.start + ((p - rep.start) // rep.period + 1) * rep.period)
         first = (p - rep.start) // rep.period
-        return end, (f"blocks {first}..{(end - rep.start - 1) // rep.period} of {rep.count} "
-                     f"(repetition {k})")
+        return _WindowEnd(end, f"blocks {first}..{(end - rep.start - 1) // rep.period} of "
+                               f"{rep.count} (repetition {k})")
     nxt = [r.start for r in reps if p < r.start <= p + window]
     if nxt:
-        return min(nxt), "ops before repeated blocks"
-    return min(n, p + window), f"{window}-op window"
+        return _WindowEnd(min(nxt), "ops before repeated blocks")
+    return _WindowEnd(min(n, p + window), f"{window}-op window")
 
 
 def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: EngineName,
@@ -234,7 +240,8 @@ def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: E
             break
         if progress is not None:  # the CLI's progress line: distributed ops reached
             progress(p, len(dist_ops))
-        d_hi, reason = _block_end(rep_d, p, window, len(dist_ops))
+        end = _block_end(rep_d, p, window, len(dist_ops))
+        d_hi, reason = end.stop, end.reason
         d_reads = {t for op in dist_ops[p:d_hi] for t in op.inputs}
         ready_d = [i for i in range(p, d_hi) if side_d.ready(i) and i not in side_d.tried]
         # Where the window's partners begin; earlier when ops computed from
