@@ -369,3 +369,23 @@ def test_timeout_argument_raises_out_of_time(slow_grounding):
     # the same run without a limit completes
     res = run_program(slow_grounding, {NODE: [(1,), (2,)]}, [PAIR], engine="clingo")
     assert res.relations == {"Pair": [(1, 2)]}
+
+
+def test_rules_are_parsed_and_translated_once_per_text(tmp_path, monkeypatch):
+    from dlverify.engine import clingo_runner, load_rules
+
+    main = tmp_path / "main.dl"
+    main.write_text(".decl Edge(a: number, b: number)\n.input Edge\n"
+                    ".decl Path(a: number, b: number)\n.output Path\nPath(a, b) :- Edge(a, b).\n")
+    calls = []
+    translate = clingo_runner.program_text
+    monkeypatch.setattr(clingo_runner, "program_text", lambda *a: calls.append(a) or translate(*a))
+    first = load_rules(main)
+    for i in range(3):
+        assert run_program(main, {EDGE: [(i, i + 1)]}, [PATH], engine="clingo").relations == {"Path": [(i, i + 1)]}
+    assert load_rules(main) is first and len(calls) == 1
+    main.write_text(main.read_text() + "Path(a, c) :- Path(a, b), Edge(b, c).\n")  # new text: parsed again
+    assert load_rules(main) is not first
+    assert run_program(main, {EDGE: [(1, 2), (2, 3)]}, [PATH], engine="clingo").relations == {
+        "Path": [(1, 2), (1, 3), (2, 3)]}
+    assert len(calls) == 2
