@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dlverify.engine import run_program
+from dlverify.engine import run_program, souffle_runner
 from dlverify.engine.dialect import parse_program
 from dlverify.errors import DialectError
 from dlverify.schema import Column, Relation
@@ -412,3 +412,23 @@ def test_souffle_accepts_the_shipped_rules(tmp_path):
     parse_program(main)
     accepted, stderr = _souffle_accepts(main, tmp_path)
     assert accepted, stderr
+
+
+@needs_souffle
+@pytest.mark.skipif(not souffle_runner.compiler_available(), reason="no C++ compiler for Soufflé's compiled mode")
+def test_compiled_mode_builds_once_and_agrees(tmp_path, monkeypatch):
+    """The compile path for real, on a tiny program: built once into the cache dir, then reused."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv(souffle_runner.MODE_ENV, "compiled")
+    case = next(c for c in ACCEPTED if c.id == "transitive_closure_with_plan")
+    main = _write(tmp_path, case)
+    facts, outputs = _relations(main, case)
+    program = parse_program(main)
+    assert souffle_runner.cached_binary(program, SOUFFLE) is None
+    res = run_program(main, facts, outputs, engine="souffle")
+    binary = souffle_runner.cached_binary(program, SOUFFLE)
+    assert binary is not None and binary.parent == tmp_path / "cache" / "dlverify" / "souffle"
+    assert not [p for p in binary.parent.iterdir() if p.name.startswith("build-")]  # no build dir left
+    assert res.relations == run_program(main, facts, outputs, engine="clingo").relations
+    plan = souffle_runner.plan_run(program, main)
+    assert plan.mode == "compiled" and plan.binary == binary  # reused, not rebuilt
