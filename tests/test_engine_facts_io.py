@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import sys
 from pathlib import Path
 
 import pytest
 
-from dlverify.engine import run_program
+from dlverify.engine import resolve_engine, run_program
 from dlverify.engine.dialect import parse_program
 from dlverify.engine.facts_io import (parse_value, read_csv_text, sort_rows, tsv_text, validate_rows,
                                       write_facts_dir)
@@ -242,3 +243,23 @@ def test_souffle_command_and_type_resolver(tmp_path):
     res = type_resolver(parse_program(main))
     assert res("OffList") == ("record", ("number", "OffList"))
     assert res("number") == ("number", ())
+
+
+def test_auto_uses_a_cached_binary_and_falls_back_to_clingo_when_it_fails(fake_souffle, monkeypatch):
+    from dlverify.engine import load_rules, souffle_runner
+
+    main, _ = fake_souffle
+    monkeypatch.setenv(souffle_runner.MODE_ENV, "interpreted")
+    assert resolve_engine("auto", main) == "clingo"  # the interpreter is never auto's choice
+    monkeypatch.setenv(souffle_runner.MODE_ENV, "auto")
+    program = load_rules(main).program
+    exe = shutil.which("souffle")
+    binary = souffle_runner.cache_root() / f"rules-{souffle_runner.program_digest(program, exe)}"
+    binary.parent.mkdir(parents=True)
+    binary.write_text("#!/bin/sh\necho 'cannot load a library' >&2\nexit 127\n")
+    binary.chmod(0o755)
+    assert resolve_engine("auto", main) == "souffle"
+    res = run_program(main, {EDGE: [(1, "z")]}, [OUT], engine="auto")  # the binary fails: clingo
+    assert res.engine == "clingo" and res.relations == {"Out": [(1, (1, None))]}
+    with pytest.raises(EngineError, match="cannot load a library"):
+        run_program(main, {EDGE: [(1, "z")]}, [OUT], engine="souffle")  # asked for: the error

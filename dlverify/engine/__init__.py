@@ -27,7 +27,7 @@ from dlverify.engine import clingo_runner, souffle_runner
 from dlverify.engine.dialect import Program, parse_program
 from dlverify.engine.facts_io import sort_rows, validate_rows, write_facts_dir
 from dlverify.engine.translate import Translation
-from dlverify.errors import InputError
+from dlverify.errors import EngineError, InputError
 from dlverify.schema import Relation
 
 EngineName = Literal["auto", "clingo", "souffle"]
@@ -84,6 +84,8 @@ def resolve_engine(engine: EngineName, main_dl: Path | None = None) -> str:
         if exe is None or main_dl is None:
             return "clingo"
         try:
+            if souffle_runner.requested_mode() == "interpreted":
+                return "clingo"
             rules = load_rules(main_dl)
             return "souffle" if souffle_runner.cached_binary(rules.program, exe) else "clingo"
         except InputError:
@@ -143,6 +145,19 @@ def run_program(main_dl: Path, facts: Mapping[Relation, Sequence[tuple]], output
     """
     main_dl = Path(main_dl)
     name = resolve_engine(engine, main_dl)
+    if engine == "auto" and name == "souffle":
+        try:
+            return _run(main_dl, facts, outputs, "souffle", keep_dir, timeout)
+        except EngineError:
+            # auto never breaks a run: a cached binary that no longer starts (a runtime library
+            # removed, say) leaves clingo, which evaluates the same rules
+            pass
+        name = "clingo"
+    return _run(main_dl, facts, outputs, name, keep_dir, timeout)
+
+
+def _run(main_dl: Path, facts: Mapping[Relation, Sequence[tuple]], outputs: Sequence[Relation],
+         name: str, keep_dir: Path | None, timeout: float | None) -> EngineResult:
     start = time.perf_counter()
     rules = load_rules(main_dl)
     program = rules.program
