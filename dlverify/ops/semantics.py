@@ -177,22 +177,22 @@ def _shift_amount(x: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return np.where(big, np.zeros_like(amount), amount), big
 
 
-def shift_left(call: Call) -> np.ndarray:
+def _logical_shift(call: Call, shift: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
+    """A shift of x's bits as unsigned; an amount >= the width shifts every bit out (0)."""
     x, s = _same_type(call)
     _require_int([x, s], "shift")
     _, utype, _ = _int_info(x)
     amount, big = _shift_amount(x, s)
-    r = np.left_shift(x.astype(utype), amount)
+    r = shift(x.astype(utype), amount)
     return np.where(big, np.zeros_like(r), r).astype(x.dtype)
+
+
+def shift_left(call: Call) -> np.ndarray:
+    return _logical_shift(call, np.left_shift)
 
 
 def shift_right_logical(call: Call) -> np.ndarray:
-    x, s = _same_type(call)
-    _require_int([x, s], "shift")
-    _, utype, _ = _int_info(x)
-    amount, big = _shift_amount(x, s)
-    r = np.right_shift(x.astype(utype), amount)
-    return np.where(big, np.zeros_like(r), r).astype(x.dtype)
+    return _logical_shift(call, np.right_shift)
 
 
 def shift_right_arithmetic(call: Call) -> np.ndarray:
