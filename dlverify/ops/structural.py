@@ -240,13 +240,20 @@ def _fill(out: list[np.ndarray | None], like: Sequence[np.ndarray]) -> list[np.n
     return [o if o is not None else like[r] for r, o in enumerate(out)]
 
 
+def _group_reduce(fn: Callable[[np.ndarray, np.ndarray], np.ndarray], xs: list[np.ndarray],
+                  grp: Sequence[int]) -> np.ndarray:
+    """The group's members combined with the reducer fn, in member order."""
+    acc = xs[grp[0]]
+    for m in grp[1:]:
+        acc = fn(acc, xs[m])
+    return acc
+
+
 def all_reduce(p: dict, xs: list[np.ndarray], shape: tuple[int, ...]) -> list[np.ndarray]:
     fn = _reducer(p)
     out: list[np.ndarray | None] = [None] * len(xs)
     for grp in p["groups"]:
-        acc = xs[grp[0]]
-        for m in grp[1:]:
-            acc = fn(acc, xs[m])
+        acc = _group_reduce(fn, xs, grp)
         for m in grp:
             out[m] = acc
     return _fill(out, xs)
@@ -265,9 +272,7 @@ def reduce_scatter(p: dict, xs: list[np.ndarray], shape: tuple[int, ...]) -> lis
     fn = _reducer(p)
     out: list[np.ndarray | None] = [None] * len(xs)
     for grp in p["groups"]:
-        acc = xs[grp[0]]
-        for m in grp[1:]:
-            acc = fn(acc, xs[m])
+        acc = _group_reduce(fn, xs, grp)
         parts = np.split(acc, len(grp), axis=p["dimension"])
         for q, m in enumerate(grp):
             out[m] = parts[q]
