@@ -216,3 +216,16 @@ def test_pad_with_negative_and_interior_padding(config):
     x = np.arange(20, dtype=np.int32).reshape(4, 5)
     want = lax.pad(x, np.int32(-9), config)
     _same(evaluate("pad", {"padding_config": config}, [x, np.int32(-9)], want.shape, "int32"), want)
+
+
+def test_the_hlo_lowering_folds_through_the_same_evaluator():
+    """frontends/hlo/fold.py (loop counters, branch selectors) is the shared evaluator."""
+    from dlverify.frontends.hlo.fold import eval_small
+
+    i32 = np.int32
+    assert eval_small("xor", [np.asarray(i32(6)), np.asarray(i32(3))], (), {}, "int32") == 5
+    assert eval_small("not", [np.asarray(i32(6))], (), {}, "int32") == -7
+    assert eval_small("div", [np.asarray(i32(-7)), np.asarray(i32(2))], (), {}, "int32") == -3
+    assert eval_small("shift_right_logical", [np.asarray(i32(-8)), np.asarray(i32(31))], (), {},
+                      "int32") == 1
+    assert eval_small("custom_call", [], (), {}, "int32") is None

@@ -186,7 +186,7 @@ class Lowerer:
             return
         xs = [self.known[i] for i in inputs]
         try:
-            v = eval_small(kind, xs, shape, params)
+            v = eval_small(kind, xs, shape, params, self.dtype_of(out))
         except Exception:  # noqa: BLE001 - folding is best effort
             v = None
         if v is not None:

@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING
 
 from dlverify.frontends.hlo.model import HloComputation, HloInstruction
 from dlverify.frontends.hlo.ops.registry import Val, handler
-from dlverify.ir import SourceLoc, is_float_dtype
+from dlverify.ir import SourceLoc
+from dlverify.ops.dtypes import convert_kind
 
 if TYPE_CHECKING:
     from dlverify.frontends.hlo.lower import Lowerer
@@ -76,12 +77,11 @@ def _convert(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputati
     t = L.tid(ins, ops[0])
     src = L.dtype_of(t)
     dst = L.array_shape(ins).dtype
-    if is_float_dtype(dst) or not is_float_dtype(src):
-        # float<->float and int/bool->float are identities over the reals.
+    kind = convert_kind(src, dst)
+    if kind is None:  # an identity over the reals (see convert_kind)
         if L.shape_of(t) != ins.shape.dims:
             raise L.err(ins, f"convert changes the shape {L.shape_of(t)} -> {ins.shape.dims}")
         return t
-    kind = "convert_to_bool" if dst == "bool" else "convert_to_int"
     return L.elementwise(ins, kind, [t], loc)
 
 
