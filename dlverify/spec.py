@@ -109,6 +109,28 @@ def _int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+@dataclass(frozen=True)
+class _Entry:
+    """One `N = value` row of a numbered table ([params], [outputs]) and its line in the file."""
+    n: int
+    val: Any
+    line: int
+
+
+def _numbered_entries(text: str, file: str, data: dict, table: str, what: str) -> list[_Entry]:
+    """The rows of the table `table` (absent: none), each key checked to be a number (`what`)."""
+    rows = data.get(table, {})
+    if not isinstance(rows, dict):
+        raise InputError(f"{table} must be a table [{table}]", file, _line_of(text, None, table))
+    out = []
+    for key, val in rows.items():
+        line = _line_of(text, table, key)
+        if not re.fullmatch(r"\d+", key):
+            raise InputError(f"[{table}] key {key!r} is not {what}", file, line)
+        out.append(_Entry(int(key), val, line))
+    return out
+
+
 def parse_spec(text: str, file: str) -> Spec:
     try:
         data = tomllib.loads(text)
@@ -128,14 +150,8 @@ def parse_spec(text: str, file: str) -> Spec:
             raise InputError(f"ranks must be a positive integer, got {r!r}", file,
                              _line_of(text, None, "ranks"))
         spec.ranks = r
-    params = data.get("params", {})
-    if not isinstance(params, dict):
-        raise InputError("params must be a table [params]", file, _line_of(text, None, "params"))
-    for key, val in params.items():
-        line = _line_of(text, "params", key)
-        if not re.fullmatch(r"\d+", key):
-            raise InputError(f"[params] key {key!r} is not a parameter number", file, line)
-        n = int(key)
+    for entry in _numbered_entries(text, file, data, "params", "a parameter number"):
+        n, val, line = entry.n, entry.val, entry.line
         if val == "replicated":
             spec.params[n] = ParamSpec("replicated", line=line)
             continue
@@ -158,15 +174,9 @@ def parse_spec(text: str, file: str) -> Spec:
             segs = tuple(segs)
         spec.params[n] = ParamSpec("split", dim, segs, line)
     if "outputs" in data:
-        outs = data["outputs"]
-        if not isinstance(outs, dict):
-            raise InputError("outputs must be a table [outputs]", file, _line_of(text, None, "outputs"))
         spec.outputs = {}
-        for key, val in outs.items():
-            line = _line_of(text, "outputs", key)
-            if not re.fullmatch(r"\d+", key):
-                raise InputError(f"[outputs] key {key!r} is not an output position", file, line)
-            n = int(key)
+        for entry in _numbered_entries(text, file, data, "outputs", "an output position"):
+            n, val, line = entry.n, entry.val, entry.line
             if val == "replicated":
                 spec.outputs[n] = OutputSpec("replicated", line=line)
             elif isinstance(val, dict) and set(val) == {"concat"} and _int(val["concat"]) \
