@@ -19,6 +19,7 @@ translation checks what it relies on.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Callable
 
 from dlverify.frontends.hlo.attributes import ints, parse_replica_groups
@@ -71,9 +72,20 @@ def _arity(ops: list[HloShape], n: int, opcode: str) -> None:
         raise _Bad(f"{opcode} takes {n} operand{'s' if n != 1 else ''}, got {len(ops)}")
 
 
+def _one_operand(ops: list[HloShape], opcode: str) -> tuple[int, ...]:
+    """The dims of the one array operand that `opcode` takes."""
+    _arity(ops, 1, opcode)
+    return _array(ops[0], "the operand")
+
+
+def _braced(dims: Sequence[int]) -> str:
+    """Dims written as an HLO attribute writes them, e.g. {0,2}: error messages quote the input."""
+    return "{" + ",".join(map(str, dims)) + "}"
+
+
 def _dims_in_range(dims: tuple[int, ...], rank: int, what: str) -> None:
     if len(set(dims)) != len(dims) or any(not 0 <= d < rank for d in dims):
-        raise _Bad(f"{what} {{{','.join(map(str, dims))}}} are not distinct dims of a rank-{rank} "
+        raise _Bad(f"{what} {_braced(dims)} are not distinct dims of a rank-{rank} "
                    f"array")
 
 
@@ -156,11 +168,10 @@ def _clamp(ins: HloInstruction, ops: list[HloShape], out: HloShape) -> None:
 
 @_rule("broadcast")
 def _broadcast(ins: HloInstruction, ops: list[HloShape], out: HloShape) -> None:
-    _arity(ops, 1, "broadcast")
-    x, y = _array(ops[0], "the operand"), _array(out, "the result")
+    x, y = _one_operand(ops, "broadcast"), _array(out, "the result")
     dims = ints(ins.attrs.get("dimensions"))
     if len(dims) != len(x):
-        raise _Bad(f"broadcast dimensions {{{','.join(map(str, dims))}}} do not match the operand "
+        raise _Bad(f"broadcast dimensions {_braced(dims)} do not match the operand "
                    f"rank {len(x)}")
     _dims_in_range(dims, len(y), "broadcast dimensions")
     for i, d in enumerate(dims):
@@ -171,36 +182,32 @@ def _broadcast(ins: HloInstruction, ops: list[HloShape], out: HloShape) -> None:
 
 @_rule("reshape")
 def _reshape(ins: HloInstruction, ops: list[HloShape], out: HloShape) -> None:
-    _arity(ops, 1, "reshape")
-    if _count(_array(ops[0], "the operand")) != _count(_array(out, "the result")):
+    if _count(_one_operand(ops, "reshape")) != _count(_array(out, "the result")):
         raise _Bad(f"reshape {ops[0]} -> {out} changes the element count")
 
 
 @_rule("bitcast")
 def _bitcast(ins: HloInstruction, ops: list[HloShape], out: HloShape) -> None:
-    _arity(ops, 1, "bitcast")
-    x, y = _array(ops[0], "the operand"), _array(out, "the result")
+    x, y = _one_operand(ops, "bitcast"), _array(out, "the result")
     if ops[0].dtype == out.dtype and _count(x) != _count(y):
         raise _Bad(f"bitcast {ops[0]} -> {out} changes the element count")
 
 
 @_rule("transpose")
 def _transpose(ins: HloInstruction, ops: list[HloShape], out: HloShape) -> None:
-    _arity(ops, 1, "transpose")
-    x, y = _array(ops[0], "the operand"), _array(out, "the result")
+    x, y = _one_operand(ops, "transpose"), _array(out, "the result")
     perm = ints(ins.attrs.get("dimensions"))
     if sorted(perm) != list(range(len(x))):
-        raise _Bad(f"transpose dimensions {{{','.join(map(str, perm))}}} are not a permutation "
+        raise _Bad(f"transpose dimensions {_braced(perm)} are not a permutation "
                    f"of the operand's {len(x)} dims")
     if tuple(x[p] for p in perm) != y:
-        raise _Bad(f"transpose of {ops[0]} by {{{','.join(map(str, perm))}}} declares the "
+        raise _Bad(f"transpose of {ops[0]} by {_braced(perm)} declares the "
                    f"result {out}")
 
 
 @_rule("reverse")
 def _reverse(ins: HloInstruction, ops: list[HloShape], out: HloShape) -> None:
-    _arity(ops, 1, "reverse")
-    x = _array(ops[0], "the operand")
+    x = _one_operand(ops, "reverse")
     _dims_in_range(ints(ins.attrs.get("dimensions")), len(x), "reverse dimensions")
     if _array(out, "the result") != x:
         raise _Bad(f"reverse of {ops[0]} declares the result {out}")
@@ -208,8 +215,7 @@ def _reverse(ins: HloInstruction, ops: list[HloShape], out: HloShape) -> None:
 
 @_rule("slice")
 def _slice(ins: HloInstruction, ops: list[HloShape], out: HloShape) -> None:
-    _arity(ops, 1, "slice")
-    x, y = _array(ops[0], "the operand"), _array(out, "the result")
+    x, y = _one_operand(ops, "slice"), _array(out, "the result")
     spec = ins.attrs.get("slice") or ""
     ranges = re.findall(r"\[\s*(-?\d+)\s*:\s*(-?\d+)\s*(?::\s*(-?\d+))?\s*\]", spec)
     if len(ranges) != len(x):
@@ -245,9 +251,9 @@ def _dynamic_slice(ins: HloInstruction, ops: list[HloShape], out: HloShape) -> N
     _start_indices(ops[1:], len(x), "dynamic-slice")
     sizes = ints(ins.attrs.get("dynamic_slice_sizes")) or y
     if len(sizes) != len(x) or any(not 0 <= s <= d for s, d in zip(sizes, x)):
-        raise _Bad(f"dynamic_slice_sizes {{{','.join(map(str, sizes))}}} do not fit in {ops[0]}")
+        raise _Bad(f"dynamic_slice_sizes {_braced(sizes)} do not fit in {ops[0]}")
     if tuple(sizes) != y:
-        raise _Bad(f"dynamic-slice of sizes {{{','.join(map(str, sizes))}}} declares the result "
+        raise _Bad(f"dynamic-slice of sizes {_braced(sizes)} declares the result "
                    f"{out}")
 
 
@@ -334,7 +340,7 @@ def _gather(ins: HloInstruction, ops: list[HloShape], out: HloShape) -> None:
     if not 0 <= iv <= len(idx):
         raise _Bad(f"index_vector_dim={iv} is outside the indices {ops[1]}")
     if len(sizes) != len(x) or any(not 0 <= s <= d for s, d in zip(sizes, x)):
-        raise _Bad(f"slice_sizes {{{','.join(map(str, sizes))}}} do not fit in {ops[0]}")
+        raise _Bad(f"slice_sizes {_braced(sizes)} do not fit in {ops[0]}")
     _dims_in_range(collapsed + obatch, len(x), "collapsed_slice_dims and operand_batching_dims")
     if any(sizes[d] > 1 for d in collapsed + obatch):
         raise _Bad("a collapsed or batching dim of a gather has a slice size above 1")
@@ -422,7 +428,7 @@ def _reduce(ins: HloInstruction, ops: list[HloShape], out: HloShape) -> None:
         raise _Bad(f"reduce of {k} inputs declares the result {out}")
     for r in results:
         if _array(r, "a result") != kept:
-            raise _Bad(f"reduce of {ops[0]} over {{{','.join(map(str, axes))}}} gives "
+            raise _Bad(f"reduce of {ops[0]} over {_braced(axes)} gives "
                        f"[{','.join(map(str, kept))}], but the result is declared {out}")
 
 
