@@ -19,8 +19,7 @@ translation checks what it relies on.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from typing import Callable
+from collections.abc import Callable, Sequence
 
 from dlverify.frontends.hlo.attributes import ints, parse_replica_groups
 from dlverify.frontends.hlo.model import (
