@@ -11,7 +11,7 @@ from dlverify.frontends.hlo.attributes import ints
 from dlverify.frontends.hlo.model import FLAT_AXIS, HloShape
 from dlverify.frontends.hlo.model import HloComputation, HloInstruction
 from dlverify.frontends.hlo.ops.registry import Async, Val, handler
-from dlverify.frontends.hlo.ops.movement import reshape_to
+from dlverify.frontends.hlo.ops.movement import one_dimension, reshape_to
 from dlverify.ir import SourceLoc
 
 if TYPE_CHECKING:
@@ -66,15 +66,13 @@ def _all_reduce(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComput
 @handler("all-gather", "all-gather-start")
 def _all_gather(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
                 loc: SourceLoc) -> Val:
-    dims = ints(ins.attrs.get("dimensions"))
-    if len(dims) != 1:
-        raise L.err(ins, "all-gather needs dimensions={d}")
+    dim = one_dimension(L, ins, "all-gather")
     result = ins.shape
     if ins.opcode.endswith("-start"):
         if not result.is_tuple or len(result.elements) != 2:
             raise L.err(ins, "all-gather-start result must be (operands, results)")
         result = result.elements[1]
-    v = _collective(L, ins, ops, loc, "all_gather", {"dimension": dims[0], "groups": L.groups(ins)},
+    v = _collective(L, ins, ops, loc, "all_gather", {"dimension": dim, "groups": L.groups(ins)},
                     result)
     return Async(v) if ins.opcode.endswith("-start") else v
 
@@ -82,12 +80,10 @@ def _all_gather(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComput
 @handler("reduce-scatter")
 def _reduce_scatter(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
                     loc: SourceLoc) -> Val:
-    dims = ints(ins.attrs.get("dimensions"))
-    if len(dims) != 1:
-        raise L.err(ins, "reduce-scatter needs dimensions={d}")
+    dim = one_dimension(L, ins, "reduce-scatter")
     red = L.reducer(ins, _AR_REDUCERS)
     return _collective(L, ins, ops, loc, "reduce_scatter",
-                       {"dimension": dims[0], "reducer": red, "groups": L.groups(ins)}, ins.shape)
+                       {"dimension": dim, "reducer": red, "groups": L.groups(ins)}, ins.shape)
 
 
 @handler("all-to-all")

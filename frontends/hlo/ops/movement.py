@@ -4,6 +4,7 @@ optimization barriers) that move nothing."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -22,6 +23,27 @@ ALIASES = ("copy", "reduce-precision", "domain", "opt-barrier", "optimization-ba
            "copy-done")
 
 
+@dataclass(frozen=True)
+class _DimsOperand:
+    """The one operand of an op that takes a `dimensions={...}` list, and that list."""
+    tensor: int
+    rank: int
+    dims: tuple[int, ...]
+
+
+def _operand_with_dims(L: Lowerer, ins: HloInstruction, ops: list[Val]) -> _DimsOperand:
+    t = L.tid(ins, ops[0])
+    return _DimsOperand(t, len(L.shape_of(t)), ints(ins.attrs.get("dimensions")))
+
+
+def one_dimension(L: Lowerer, ins: HloInstruction, name: str) -> int:
+    """The single dim of `dimensions={d}` (concatenate, all-gather, reduce-scatter)."""
+    dims = ints(ins.attrs.get("dimensions"))
+    if len(dims) != 1:
+        raise L.err(ins, f"{name} needs dimensions={{d}}")
+    return dims[0]
+
+
 @handler(*ALIASES)
 def _alias(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
            loc: SourceLoc) -> Val:
@@ -36,13 +58,11 @@ def _alias(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation
 def _broadcast(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
                loc: SourceLoc) -> Val:
     sh = L.array_shape(ins)
-    t = L.tid(ins, ops[0])
-    dims = ints(ins.attrs.get("dimensions"))
-    if len(dims) != len(L.shape_of(t)):
-        raise L.err(ins, f"broadcast dimensions {dims} do not match the operand rank "
-                         f"{len(L.shape_of(t))}")
-    return L.emit("broadcast_in_dim", [t], sh.dims, sh.dtype,
-                  {"broadcast_dimensions": tuple(dims)}, loc, ins.name)
+    x = _operand_with_dims(L, ins, ops)
+    if len(x.dims) != x.rank:
+        raise L.err(ins, f"broadcast dimensions {x.dims} do not match the operand rank {x.rank}")
+    return L.emit("broadcast_in_dim", [x.tensor], sh.dims, sh.dtype,
+                  {"broadcast_dimensions": x.dims}, loc, ins.name)
 
 
 def reshape_to(L: Lowerer, ins: HloInstruction, t: int, dims: tuple[int, ...], loc: SourceLoc,
@@ -111,11 +131,11 @@ def _bitcast(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputati
 def _transpose(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
                loc: SourceLoc) -> Val:
     sh = L.array_shape(ins)
-    t = L.tid(ins, ops[0])
-    perm = ints(ins.attrs.get("dimensions"))
-    if sorted(perm) != list(range(len(L.shape_of(t)))):
-        raise L.err(ins, f"transpose dimensions {perm} are not a permutation")
-    return L.emit("transpose", [t], sh.dims, sh.dtype, {"permutation": tuple(perm)}, loc, ins.name)
+    x = _operand_with_dims(L, ins, ops)
+    if sorted(x.dims) != list(range(x.rank)):
+        raise L.err(ins, f"transpose dimensions {x.dims} are not a permutation")
+    return L.emit("transpose", [x.tensor], sh.dims, sh.dtype, {"permutation": x.dims}, loc,
+                  ins.name)
 
 
 @handler("slice")
@@ -174,10 +194,8 @@ def _dus(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
 @handler("concatenate")
 def _concat(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
             loc: SourceLoc) -> Val:
-    dims = ints(ins.attrs.get("dimensions"))
-    if len(dims) != 1:
-        raise L.err(ins, "concatenate needs dimensions={d}")
-    return L.elementwise(ins, "concatenate", ops, loc, {"dimension": dims[0]})
+    dim = one_dimension(L, ins, "concatenate")
+    return L.elementwise(ins, "concatenate", ops, loc, {"dimension": dim})
 
 
 @handler("iota")
