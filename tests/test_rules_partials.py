@@ -31,15 +31,22 @@ def last_seq_op(t):
 
 # ---------------------------------------------------------------- add of two reductions
 
-def test_add_of_two_reductions_with_the_same_ranges_is_one_family_that_psum_completes():
-    t = Tiny()
+def two_reductions_of_x(t: Tiny) -> tuple[tuple[int, int], tuple[int, int]]:
+    """x @ a and x @ b with x's 6 columns split over "x": two reductions over the same
+    ranges of terms. Each is returned as Tiny returns a tensor: (sequential id, distributed id)."""
     xs, xd = t.input((4, 6), (None, "x"))
     as_, ad = t.input((6, 5), ("x", None))
     bs, bd = t.input((6, 5), ("x", None))
-    y1s = t.sop("dot_general", [xs, as_], (4, 5), **DOT)
-    y1d = t.dop("dot_general", [xd, ad], (4, 5), **DOT)
-    y2s = t.sop("dot_general", [xs, bs], (4, 5), **DOT)
-    y2d = t.dop("dot_general", [xd, bd], (4, 5), **DOT)
+    y1 = (t.sop("dot_general", [xs, as_], (4, 5), **DOT),
+          t.dop("dot_general", [xd, ad], (4, 5), **DOT))
+    y2 = (t.sop("dot_general", [xs, bs], (4, 5), **DOT),
+          t.dop("dot_general", [xd, bd], (4, 5), **DOT))
+    return y1, y2
+
+
+def test_add_of_two_reductions_with_the_same_ranges_is_one_family_that_psum_completes():
+    t = Tiny()
+    (y1s, y1d), (y2s, y2d) = two_reductions_of_x(t)
     zs = t.sop("sub", [y1s, y2s], (4, 5))
     zd = t.dop("sub", [y1d, y2d], (4, 5))
     sub = last_seq_op(t)
@@ -68,14 +75,8 @@ def test_add_of_two_reductions_with_other_ranges_or_sizes_has_no_view():
 
 def test_add_of_a_reduced_value_and_a_term_has_no_view():
     t = Tiny()
-    xs, xd = t.input((4, 6), (None, "x"))
-    as_, ad = t.input((6, 5), ("x", None))
-    bs, bd = t.input((6, 5), ("x", None))
-    y1s = t.sop("dot_general", [xs, as_], (4, 5), **DOT)
-    y1d = t.dop("dot_general", [xd, ad], (4, 5), **DOT)
+    (y1s, y1d), (y2s, y2d) = two_reductions_of_x(t)
     c1d = t.dop("all_reduce", [y1d], (4, 5), reducer="sum", groups=[[0, 1]])
-    y2s = t.sop("dot_general", [xs, bs], (4, 5), **DOT)
-    y2d = t.dop("dot_general", [xd, bd], (4, 5), **DOT)
     zs = t.sop("add", [y1s, y2s], (4, 5))
     zd = t.dop("add", [c1d, y2d], (4, 5))
     out = t.run()
