@@ -2,6 +2,7 @@
 concatenate) compute the same outputs as the programs they replace, on random
 data; and they let the rules relate a fused QKV weight to its segments."""
 import copy
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -32,9 +33,11 @@ def check_same(g: Graph, ids: IdAllocator, seed: int = 0) -> Graph:
     return h
 
 
-def graph(ids):
+def graph():
+    """An empty program, its builder, and the id allocator the rewrites take new ids from."""
+    ids = IdAllocator()
     g = Graph("g")
-    return g, GraphBuilder(g, ids)
+    return g, GraphBuilder(g, ids), ids
 
 
 def inp(g, b, shape):
@@ -43,16 +46,30 @@ def inp(g, b, shape):
     return t
 
 
+@dataclass(frozen=True)
+class Concat:
+    """A concatenate of fresh inputs: the input pieces, in order, and its result."""
+    pieces: list[int]
+    out: int
+
+
+def concat_of_inputs(g, b, shapes, dim) -> Concat:
+    pieces = [inp(g, b, shape) for shape in shapes]
+    out_shape = list(shapes[0])
+    out_shape[dim] = sum(shape[dim] for shape in shapes)
+    out = b.op("concatenate", pieces, tuple(out_shape), "float64", {"dimension": dim})
+    return Concat(pieces, out)
+
+
 def kinds(g):
     return [op.kind for op in g.ops]
 
 
 def test_dot_through_rhs_concat_then_slices_read_the_pieces():
-    ids = IdAllocator()
-    g, b = graph(ids)
+    g, b, ids = graph()
     x = inp(g, b, (5, 3))
-    a, c, d = inp(g, b, (5, 4)), inp(g, b, (5, 2)), inp(g, b, (5, 2))
-    w = b.op("concatenate", [a, c, d], (5, 8), "float64", {"dimension": 1})
+    fused = concat_of_inputs(g, b, [(5, 4), (5, 2), (5, 2)], 1)
+    a, c, w = fused.pieces[0], fused.pieces[1], fused.out
     y = b.op("dot_general", [x, w], (3, 8), "float64", DOT)
     q = b.op("slice", [y], (3, 4), "float64", {"start_indices": (0, 0), "limit_indices": (3, 4),
                                                 "strides": None})
@@ -71,11 +88,9 @@ def test_dot_through_rhs_concat_then_slices_read_the_pieces():
 
 
 def test_dot_through_lhs_concat_and_a_slice_across_pieces():
-    ids = IdAllocator()
-    g, b = graph(ids)
-    p1, p2 = inp(g, b, (3, 4)), inp(g, b, (3, 2))
+    g, b, ids = graph()
+    x = concat_of_inputs(g, b, [(3, 4), (3, 2)], 1).out
     w = inp(g, b, (3, 5))
-    x = b.op("concatenate", [p1, p2], (3, 6), "float64", {"dimension": 1})
     y = b.op("dot_general", [x, w], (6, 5), "float64", DOT)
     z = b.op("slice", [y], (3, 5), "float64", {"start_indices": (2, 0), "limit_indices": (5, 5),
                                                 "strides": None})
@@ -85,21 +100,18 @@ def test_dot_through_lhs_concat_and_a_slice_across_pieces():
 
 
 def test_concat_along_a_contracted_or_batch_dim_is_left_alone():
-    ids = IdAllocator()
-    g, b = graph(ids)
-    a, c = inp(g, b, (2, 3)), inp(g, b, (2, 3))
+    g, b, ids = graph()
+    w = concat_of_inputs(g, b, [(2, 3), (2, 3)], 0).out
     x = inp(g, b, (4, 5))
-    w = b.op("concatenate", [a, c], (4, 3), "float64", {"dimension": 0})
     y = b.op("dot_general", [x, w], (5, 3), "float64", DOT)
     g.outputs = [y]
     assert not rewrite_graph(copy.deepcopy(g), ids)
 
 
 def test_strided_slice_is_left_alone_and_dead_ops_of_the_program_are_kept():
-    ids = IdAllocator()
-    g, b = graph(ids)
-    a, c = inp(g, b, (4,)), inp(g, b, (4,))
-    x = b.op("concatenate", [a, c], (8,), "float64", {"dimension": 0})
+    g, b, ids = graph()
+    pair = concat_of_inputs(g, b, [(4,), (4,)], 0)
+    a, c, x = pair.pieces[0], pair.pieces[1], pair.out
     s = b.op("slice", [x], (4,), "float64", {"start_indices": (0,), "limit_indices": (8,),
                                               "strides": (2,)})
     dead = b.op("neg", [a], (4,), "float64")
