@@ -167,7 +167,8 @@ class _Options:
 
 def _check_common(engine: str, timeout: Optional[float], max_memory: Optional[str],
                   explain: Optional[str], outputs: dict[str, Optional[Path]],
-                  keep_facts: Optional[Path] = None) -> Optional[int]:
+                  keep_facts: Optional[Path] = None,
+                  cache: Optional[Path] = None) -> Optional[int]:
     """Validate what is shared; returns the memory limit in bytes."""
     from dlverify.supervise import check_seconds, parse_memory
 
@@ -178,6 +179,7 @@ def _check_common(engine: str, timeout: Optional[float], max_memory: Optional[st
     for option, path in outputs.items():
         _writable_file(path, option)
     _writable_dir(keep_facts, "--keep-facts")
+    _writable_dir(cache, "--cache")
     return memory
 
 
@@ -381,6 +383,8 @@ def _run_command(body: Callable[[], None]) -> None:
 
 TIMEOUT_HELP = "seconds for the whole run (exit 3 when exceeded)"
 MEMORY_HELP = "memory for each case or HLO pair, e.g. 4G or 512M (exit 3 when exceeded)"
+CACHE_HELP = ("keep segment results on disk under DIR and reuse them in later runs "
+              "(keyed by content, rules and version); off by default")
 
 
 @app.command("check-jax")
@@ -397,13 +401,15 @@ def check_jax(
     junit: Optional[Path] = typer.Option(None, "--junit", help="write JUnit XML, one testcase per case"),
     timeout: Optional[float] = typer.Option(None, "--timeout", help=TIMEOUT_HELP),
     max_memory: Optional[str] = typer.Option(None, "--max-memory", help=MEMORY_HELP),
+    cache: Optional[Path] = typer.Option(None, "--cache", help=CACHE_HELP),
 ) -> None:
     """Verify the @dlverify.case functions of a Python file."""
     def body() -> None:
         from dlverify.tasks import CaseJob, Extras, list_cases_task, run_case_task, split_target
 
         memory = _check_common(engine, timeout, max_memory, explain,
-                               {"--sarif": sarif, "--junit": junit, "--graph": graph}, keep_facts)
+                               {"--sarif": sarif, "--junit": junit, "--graph": graph}, keep_facts,
+                               cache)
         ensure_host_devices()
         run = _Run(_Options(json_out, verbose, timeout, memory, sarif, junit))
         path, name = split_target(target)
@@ -418,7 +424,7 @@ def check_jax(
                 one_graph = graph if graph is None or len(names) == 1 \
                     else graph.with_name(f"{graph.stem}.{case_name}{graph.suffix}")
                 job = CaseJob(path, case_name, engine, keep_facts,
-                              Extras(explain, witness, one_graph, verbose))
+                              Extras(explain, witness, one_graph, verbose), cache)
                 display.start(case_name)
                 got = run.supervise(run_case_task, (job,), display)
                 display.done()
@@ -470,13 +476,15 @@ def check_hlo(
     junit: Optional[Path] = typer.Option(None, "--junit", help="write JUnit XML, one testcase per module pair"),
     timeout: Optional[float] = typer.Option(None, "--timeout", help=TIMEOUT_HELP),
     max_memory: Optional[str] = typer.Option(None, "--max-memory", help=MEMORY_HELP),
+    cache: Optional[Path] = typer.Option(None, "--cache", help=CACHE_HELP),
 ) -> None:
     """Verify a distributed HLO module against a sequential one."""
     def body() -> None:
         from dlverify.tasks import Extras, HloJob
 
         memory = _check_common(engine, timeout, max_memory, explain,
-                               {"--sarif": sarif, "--junit": junit, "--graph": graph}, keep_facts)
+                               {"--sarif": sarif, "--junit": junit, "--graph": graph}, keep_facts,
+                               cache)
         if ranks is not None and not 1 <= ranks <= 65536:
             raise InputError(f"--ranks {ranks}: the supported range is 1..65536")
         for p in (seq, dist):
@@ -487,7 +495,7 @@ def check_hlo(
         _toml_ok(custom_calls, "--custom-calls")
         job = HloJob(seq=seq, dist=dist, spec=spec, ranks=ranks, engine=engine,
                      custom_calls=custom_calls, keep_facts=keep_facts,
-                     extras=Extras(explain, witness, graph, verbose))
+                     extras=Extras(explain, witness, graph, verbose), cache_dir=cache)
         _run_hlo(job, _Options(json_out, verbose, timeout, memory, sarif, junit))
 
     _run_command(body)
@@ -507,6 +515,7 @@ def check_dump(
     junit: Optional[Path] = typer.Option(None, "--junit", help="write JUnit XML, one testcase per module pair"),
     timeout: Optional[float] = typer.Option(None, "--timeout", help=TIMEOUT_HELP),
     max_memory: Optional[str] = typer.Option(None, "--max-memory", help=MEMORY_HELP),
+    cache: Optional[Path] = typer.Option(None, "--cache", help=CACHE_HELP),
 ) -> None:
     """Verify every SPMD-partitioned module of an XLA dump folder (before
     optimisations vs after SPMD partitioning, else after optimisations)."""
@@ -514,13 +523,14 @@ def check_dump(
         from dlverify.tasks import Extras, HloJob
 
         memory = _check_common(engine, timeout, max_memory, explain,
-                               {"--sarif": sarif, "--junit": junit, "--graph": graph})
+                               {"--sarif": sarif, "--junit": junit, "--graph": graph},
+                               cache=cache)
         if not dump_dir.is_dir():
             raise InputError("not a directory (expected an XLA dump folder written with "
                              "--xla_dump_to)", str(dump_dir))
         _toml_ok(custom_calls, "--custom-calls")
         job = HloJob(dump_dir=dump_dir, engine=engine, custom_calls=custom_calls,
-                     extras=Extras(explain, witness, graph, verbose))
+                     extras=Extras(explain, witness, graph, verbose), cache_dir=cache)
         _run_hlo(job, _Options(json_out, verbose, timeout, memory, sarif, junit))
 
     _run_command(body)

@@ -38,6 +38,7 @@ class CaseJob:
     engine: str = "auto"
     keep_facts: Path | None = None
     extras: Extras = Extras()
+    cache_dir: Path | None = None  # the on-disk segment memo (--cache); off when None
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class HloJob:
     custom_calls: Path | None = None
     keep_facts: Path | None = None
     extras: Extras = Extras()
+    cache_dir: Path | None = None  # the on-disk segment memo (--cache); off when None
 
 
 @dataclass
@@ -98,7 +100,8 @@ def run_case_task(job: CaseJob, reporter: Reporter = NULL_REPORTER) -> ItemRun:
 
     reporter.phase("import")
     fn = dict(load_cases(job.path, job.name))[job.name]
-    o = run_case(job.path, job.name, fn, job.engine, job.keep_facts, reporter)
+    o = run_case(job.path, job.name, fn, job.engine, job.keep_facts, reporter,
+                 cache_dir=job.cache_dir)
     reporter.phase("report")
     lines = outcome_text(o, job.extras.verbose) + _extras(o, job.extras)
     return ItemRun.of(o, lines)
@@ -115,11 +118,13 @@ def run_hlo_task(job: HloJob, reporter: Reporter = NULL_REPORTER) -> list[ItemRu
     if job.dump_dir is None:
         assert job.seq is not None and job.dist is not None
         res = verify_hlo(job.seq, job.dist, job.spec, ranks=job.ranks, engine=job.engine,
-                         custom_calls=job.custom_calls, keep_facts=job.keep_facts)
+                         custom_calls=job.custom_calls, keep_facts=job.keep_facts,
+                         cache_dir=job.cache_dir)
         items = [(f"{job.seq.name} vs {job.dist.name}", str(job.dist), res,
                   time.perf_counter() - t0)]
     else:
-        out = verify_dump(job.dump_dir, engine=job.engine, custom_calls=job.custom_calls)
+        out = verify_dump(job.dump_dir, engine=job.engine, custom_calls=job.custom_calls,
+                          cache_dir=job.cache_dir)
         secs = (time.perf_counter() - t0) / max(1, len(out))
         items = [(res.name or name, name, res, secs) for name, res in out]
     reporter.phase("report")

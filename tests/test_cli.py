@@ -383,3 +383,75 @@ def test_the_python_api_on_one_device_is_an_error_not_a_proof(tmp_path):
                        timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "InputError: JAX sees only 1 device" in p.stdout, p.stdout + p.stderr[-2000:]
+
+
+# ---------------------------------------------------------------- --cache and the segment plan
+
+DEEP = '''
+LAYERS = 40
+
+
+def layers(x):
+    for _ in range(LAYERS):
+        x = jnp.exp(jnp.tanh(x) + jnp.sin(x))
+    return x
+
+
+@dlverify.case
+def deep_chain():
+    return case_of(layers, layers, in_specs=(P("x"),), out_specs=P("x"))
+'''
+
+
+def _without_times(lines: list[str]) -> list[str]:
+    """The report minus what changes from run to run: seconds, the plan, timings."""
+    import re
+    return [re.sub(r"\d+\.\d+s", "_s", line) for line in lines
+            if not line.startswith(("  plan: ", "  time: ", "summary: "))]
+
+
+def test_cache_serves_every_segment_of_a_second_run_from_disk(tmp_path):
+    """160 ops: more than one 96-op window, so the run is segmented; the second
+    run with the same --cache reads every segment back and runs no engine."""
+    path, _ = write_case(tmp_path, DEEP)
+    cache = tmp_path / "cache"
+    first = invoke(str(path), "--cache", str(cache), "-v")
+    assert first.exit_code == 0, first.output
+    plan1 = [line for line in first.stdout.splitlines() if line.startswith("  plan: ")]
+    segments = [line for line in plan1 if line.startswith("  plan: segment ")]
+    assert len(segments) >= 2, first.stdout
+    assert any(" engine runs, " in line and "(0 from the on-disk cache)" in line
+               and not line.startswith(f"  plan: {len(segments)} segments: 0 engine runs")
+               for line in plan1), plan1
+    assert any(cache.rglob("*.json")), "nothing written to the cache"
+
+    again = invoke(str(path), "--cache", str(cache), "-v")
+    assert again.exit_code == 0, again.output
+    plan2 = [line for line in again.stdout.splitlines() if line.startswith("  plan: ")]
+    n = len(segments)
+    assert f"  plan: {n} segments: 0 engine runs, {n} memo hits ({n} from the on-disk cache)" \
+        in plan2, plan2
+    assert all(", cache " in line for line in plan2 if line.startswith("  plan: segment ")), plan2
+    assert _without_times(again.stdout.splitlines()) == _without_times(first.stdout.splitlines())
+
+
+def test_no_plan_lines_without_verbose_or_for_one_fixpoint():
+    quiet = invoke("examples/ring_shift.py::ring_shift", "-v")
+    assert quiet.exit_code == 0, quiet.output
+    assert "  time: " in quiet.stdout
+    assert "plan: " not in quiet.stdout  # small: one fixpoint, no segments
+
+
+def test_cache_must_be_a_writable_folder(tmp_path):
+    not_dir = tmp_path / "a_file"
+    not_dir.write_text("")
+    res = invoke("examples/ring_shift.py::ring_shift", "--cache", str(not_dir))
+    assert res.exit_code == 2
+    assert res.stderr.strip().splitlines() == [
+        f"error: {not_dir}: --cache: exists and is not a folder"], res.stderr
+    hlo = ROOT / "tests" / "data" / "mutants"
+    res = CliRunner().invoke(app, ["check", str(hlo / "jax_flatten_seq.hlo"),
+                                   str(hlo / "jax_flatten_dist.hlo"), "--cache", str(not_dir)])
+    assert res.exit_code == 2 and "--cache: exists and is not a folder" in res.stderr
+    res = CliRunner().invoke(app, ["check-dump", str(tmp_path), "--cache", str(not_dir)])
+    assert res.exit_code == 2 and "--cache: exists and is not a folder" in res.stderr

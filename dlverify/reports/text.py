@@ -25,8 +25,16 @@ def result_text(res: Result, verbose: bool = False) -> list[str]:
     if verbose:
         lines += [f"  assumption: {a}" for a in res.assumptions]
         lines += [f"  note: {n}" for n in res.notes]
+        lines += plan_lines(res)
         lines.append(_timing_line(res))
     return lines
+
+
+def plan_lines(res: Result) -> list[str]:
+    """How a segmented run cut and paired the programs (none for one fixpoint)."""
+    if res.segment_plan is None:
+        return []
+    return [f"  plan: {line}" for line in res.segment_plan.lines()]
 
 
 def _timing_line(res: Result) -> str:
@@ -92,5 +100,6 @@ def pair_text(name: str, res: Result, seconds: float, verbose: bool = False) -> 
     lines += [f"  assumption: {a}" for a in res.assumptions]
     if verbose:
         lines += [f"  note: {n}" for n in res.notes]
+        lines += plan_lines(res)
         lines.append(_timing_line(res))
     return lines
