@@ -85,9 +85,9 @@ class Config(NamedTuple):
 
 
 SMALL = Config()
-# Llama-3.1-405B dimensions (bench/bench_llama405b.py). The real model is bfloat16;
-# float32 here because the jaxpr frontend does not yet treat bfloat16 as a float
-# type (its f32 <-> bf16 casts become convert_to_int; see tests/test_models.py).
+# Llama-3.1-405B dimensions (bench/bench_llama405b.py). The real model is bfloat16:
+# float32 is the default here, and `dtype="bfloat16"` (bench --dtype bfloat16)
+# verifies too, f32 <-> bf16 casts being precision casts (tests/test_models.py).
 LLAMA31_405B = Config(vocab=128256, seq=4096, batch=1, d_model=16384, heads=128, kv_heads=8,
                       head_dim=128, d_ff=53248, layers=126, eps=1e-5, rope_theta=500000.0)
 
