@@ -4,6 +4,8 @@ pairs: the Neuron Llama layers and the JAX mutant pair.
     python bench/bench_hlo.py                    # every pair, default window
     python bench/bench_hlo.py --pair tp2_layer2  # one pair
     python bench/bench_hlo.py --window 100000    # one fixpoint instead of segments
+    python bench/bench_hlo.py --engines clingo souffle-interpreted
+                                                 # the engines side by side (Datalog seconds)
 
 parse = reading both files, translating them to the IR, building the Problem
 (spec, segmented parameters, elided constants); export = the IR rewrites,
@@ -21,6 +23,7 @@ from dlverify.api import DEFAULT_WINDOW, verify_problem
 from dlverify.hlo_api import hlo_problem, relate_elided_constants
 from dlverify.ir import IdAllocator
 from dlverify.spec import load_spec
+from engine_modes import ENGINE_MODES, engine_mode
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
@@ -49,14 +52,33 @@ def bench(name: str, engine: str, window: int) -> str:
             f"engine {res.engine} ({seg})")
 
 
+def bench_engines(name: str, engines: list[str], window: int) -> str:
+    """One row: the verdict and the Datalog seconds of each engine (verdicts must agree)."""
+    seq, dist, spec = PAIRS[name]
+    cells, verdicts = [], set()
+    for label in engines:
+        problem = hlo_problem(seq, dist, load_spec(spec) if spec else None, None, IdAllocator())
+        relate_elided_constants(problem)
+        with engine_mode(label) as engine:
+            res = verify_problem(problem, engine=engine, window=window)
+        verdicts.add(res.verified)
+        cells.append(f"{label} {res.timings['datalog']:7.3f}s")
+    verdict = ("verified" if verdicts == {True} else "NOT verified" if verdicts == {False}
+               else "ENGINES DISAGREE")
+    return f"{name:<12} {verdict:<16} " + "  ".join(cells)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pair", choices=sorted(PAIRS), nargs="*", default=None)
     ap.add_argument("--engine", default="auto", choices=("auto", "clingo", "souffle"))
     ap.add_argument("--window", type=int, default=DEFAULT_WINDOW)
+    ap.add_argument("--engines", nargs="+", choices=sorted(ENGINE_MODES), default=None,
+                    help="print these engines side by side (Datalog seconds per engine)")
     a = ap.parse_args()
     for name in a.pair or list(PAIRS):
-        print(bench(name, a.engine, a.window), flush=True)
+        row = bench_engines(name, a.engines, a.window) if a.engines else bench(name, a.engine, a.window)
+        print(row, flush=True)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak memory {peak:.0f} MiB (python {sys.version.split()[0]})")
 

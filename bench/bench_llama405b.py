@@ -5,6 +5,8 @@ over 8 ranks, verified from ShapeDtypeStructs: time and peak memory per phase.
     python bench/bench_llama405b.py --layers 8      # the first 8 layers (same shapes)
     python bench/bench_llama405b.py --layers 2 --seq 1024 --engine clingo
     python bench/bench_llama405b.py --layers 8 --dtype bfloat16 --train --json
+    python bench/bench_llama405b.py --engines clingo souffle-interpreted
+                                                    # one process per engine, side by side
 
 The model is examples/models/llama3.py with LLAMA31_405B: hidden 16384, 128
 query heads in 8 KV groups of head_dim 128 (one group per rank at TP=8), MLP
@@ -32,6 +34,7 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
 import resource  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
@@ -41,6 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples" / "models"))
 
 import llama3  # noqa: E402
+from engine_modes import ENGINE_MODES  # noqa: E402
 
 from dlverify.api import verify_problem  # noqa: E402
 from dlverify.frontends.jaxpr import import_jax  # noqa: E402
@@ -87,6 +91,38 @@ def _noted_segments(notes: list[str]) -> int:
     return 0
 
 
+def side_by_side(args: argparse.Namespace) -> int:
+    """Run this benchmark once per engine label, each in a fresh process (so peak
+    memory and start-up are its own), and print one row per engine."""
+    from dlverify.engine.souffle_runner import MODE_ENV
+
+    same = ["--layers", str(args.layers), "--seq", str(args.seq), "--batch", str(args.batch),
+            "--tp", str(args.tp), "--dtype", args.dtype]
+    same += ["--no-sp"] * args.no_sp + ["--train"] * args.train
+    same += ["--window", str(args.window)] if args.window is not None else []
+    same += ["--cache", str(args.cache)] if args.cache is not None else []
+    status = 0
+    for label in args.engines:
+        engine, mode = ENGINE_MODES[label]
+        env = dict(os.environ)
+        env.pop(MODE_ENV, None)
+        env.update({MODE_ENV: mode} if mode else {})
+        out = subprocess.run([sys.executable, __file__, *same, "--engine", engine, "--json"],
+                             env=env, capture_output=True, text=True)
+        try:
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+        except (IndexError, json.JSONDecodeError):
+            print(f"{label:<20} failed (exit {out.returncode}): {out.stderr.strip()[-300:]}")
+            status = 1
+            continue
+        status |= 0 if r["verified"] else 1
+        print(f"{label:<20} {'verified' if r['verified'] else 'NOT verified':<13} "
+              f"wall {r['wall_s']:7.2f}s  datalog {r['datalog_s']:7.2f}s  "
+              f"segments {r['segments']:>4}  engine runs {r['engine_runs']:>3}  "
+              f"memo hits {r['memo_hits']:>4}  peak {r['peak_mib']:7.0f} MiB", flush=True)
+    return status
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=llama3.LLAMA31_405B.layers)
@@ -101,7 +137,11 @@ def main() -> int:
     ap.add_argument("--cache", type=Path, default=None, help="on-disk segment cache directory")
     ap.add_argument("--engine", default="auto", choices=["auto", "clingo", "souffle"])
     ap.add_argument("--window", type=int, default=None, help="ops per datalog segment")
+    ap.add_argument("--engines", nargs="+", choices=sorted(ENGINE_MODES), default=None,
+                    help="run once per engine (a fresh process each) and print them side by side")
     args = ap.parse_args()
+    if args.engines:
+        return side_by_side(args)
 
     cfg = llama3.LLAMA31_405B._replace(layers=args.layers, seq=args.seq, batch=args.batch,
                                        dtype=args.dtype)

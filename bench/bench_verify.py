@@ -29,6 +29,8 @@ from jax.sharding import Mesh, PartitionSpec as P  # noqa: E402
 import dlverify  # noqa: E402
 from dlverify.cases import load_cases  # noqa: E402
 
+from engine_modes import ENGINE_MODES, engine_mode  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -60,21 +62,12 @@ def row(name: str, res, wall: float) -> str:
             + f"  facts {res.fact_count:>8}  derived {res.derived_count:>8}")
 
 
-ENGINE_MODES = {"clingo": ("clingo", None), "auto": ("auto", None), "souffle": ("souffle", "auto"),
-                "souffle-compiled": ("souffle", "compiled"), "souffle-interpreted": ("souffle", "interpreted")}
-
-
 def run_engines(name: str, seq, dist, a, engines: list[str]) -> str:
     """One row: the verdict and the Datalog seconds of each engine (verdicts must agree)."""
-    from dlverify.engine.souffle_runner import MODE_ENV
-
     cells, verdicts = [], set()
     for label in engines:
-        engine, mode = ENGINE_MODES[label]
-        if mode:
-            os.environ[MODE_ENV] = mode
-        res = dlverify.verify_jax(seq, dist, *a, engine=engine)
-        os.environ.pop(MODE_ENV, None)
+        with engine_mode(label) as engine:
+            res = dlverify.verify_jax(seq, dist, *a, engine=engine)
         verdicts.add(res.verified)
         cells.append(f"{label} {res.timings.get('datalog', 0):7.3f}s")
     verdict = ("verified" if verdicts == {True} else "NOT verified" if verdicts == {False}
