@@ -23,7 +23,7 @@ from dlverify.api import DEFAULT_WINDOW, verify_problem
 from dlverify.hlo_api import hlo_problem, relate_elided_constants
 from dlverify.ir import IdAllocator
 from dlverify.spec import load_spec
-from engine_modes import ENGINE_MODES, engine_mode
+from engine_modes import ENGINE_MODES, side_by_side
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
@@ -53,19 +53,14 @@ def bench(name: str, engine: str, window: int) -> str:
 
 
 def bench_engines(name: str, engines: list[str], window: int) -> str:
-    """One row: the verdict and the Datalog seconds of each engine (verdicts must agree)."""
+    """The engines side by side; each runs on a freshly built problem."""
     seq, dist, spec = PAIRS[name]
-    cells, verdicts = [], set()
-    for label in engines:
+
+    def run(engine: str):
         problem = hlo_problem(seq, dist, load_spec(spec) if spec else None, None, IdAllocator())
         relate_elided_constants(problem)
-        with engine_mode(label) as engine:
-            res = verify_problem(problem, engine=engine, window=window)
-        verdicts.add(res.verified)
-        cells.append(f"{label} {res.timings['datalog']:7.3f}s")
-    verdict = ("verified" if verdicts == {True} else "NOT verified" if verdicts == {False}
-               else "ENGINES DISAGREE")
-    return f"{name:<12} {verdict:<16} " + "  ".join(cells)
+        return verify_problem(problem, engine=engine, window=window)
+    return side_by_side(name, engines, run)
 
 
 def main() -> None:

@@ -29,7 +29,7 @@ from jax.sharding import Mesh, PartitionSpec as P  # noqa: E402
 import dlverify  # noqa: E402
 from dlverify.cases import load_cases  # noqa: E402
 
-from engine_modes import ENGINE_MODES, engine_mode  # noqa: E402
+from engine_modes import ENGINE_MODES, side_by_side  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,16 +63,7 @@ def row(name: str, res, wall: float) -> str:
 
 
 def run_engines(name: str, seq, dist, a, engines: list[str]) -> str:
-    """One row: the verdict and the Datalog seconds of each engine (verdicts must agree)."""
-    cells, verdicts = [], set()
-    for label in engines:
-        with engine_mode(label) as engine:
-            res = dlverify.verify_jax(seq, dist, *a, engine=engine)
-        verdicts.add(res.verified)
-        cells.append(f"{label} {res.timings.get('datalog', 0):7.3f}s")
-    verdict = ("verified" if verdicts == {True} else "NOT verified" if verdicts == {False}
-               else "ENGINES DISAGREE")
-    return f"{name:<45} {verdict:<16} " + "  ".join(cells)
+    return side_by_side(name, engines, lambda engine: dlverify.verify_jax(seq, dist, *a, engine=engine))
 
 
 def main() -> None:
