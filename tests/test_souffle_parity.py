@@ -17,7 +17,6 @@ import pytest
 
 from conftest import example_targets
 from dlverify.api import rules_path, verify_jax
-from dlverify.cases import load_cases
 from dlverify.engine import load_rules, souffle_runner
 from dlverify.hlo_api import verify_hlo
 from dlverify.verdict import Result
@@ -70,11 +69,12 @@ def _same(clingo_res: Result, souffle_res: Result) -> None:
 
 
 @pytest.mark.parametrize("path,name", TARGETS, ids=[n for _, n in TARGETS])
-def test_example_same_on_both_engines(path, name):
-    case = dict(load_cases(path, name))[name]()
-    results = [verify_jax(case.seq, case.dist, *case.args, engine=e, name=name)
-               for e in ("clingo", "souffle")]
-    _same(*results)
+def test_example_same_on_both_engines(path, name, example_runs):
+    """clingo's result is the session's (conftest.ExampleRuns: each example is
+    verified with clingo once per session); Soufflé runs the same case."""
+    case = example_runs.case(path, name)
+    clingo_res = example_runs.run(path, name).result
+    _same(clingo_res, verify_jax(case.seq, case.dist, *case.args, engine="souffle", name=name))
 
 
 @pytest.mark.parametrize("name,seq,dist,spec", HLO_PAIRS, ids=[p[0] for p in HLO_PAIRS])
