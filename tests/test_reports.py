@@ -10,8 +10,6 @@ import jsonschema
 import pytest
 
 from conftest import bug_line, example_targets
-from dlverify.api import verify_jax
-from dlverify.cases import load_cases
 from dlverify.reports.explain import explain
 from dlverify.reports.graph import failing_subgraphs, to_dot, write_graph
 from dlverify.reports.json_report import outcomes_json
@@ -29,11 +27,12 @@ def _schema(name):
 
 
 @pytest.fixture(scope="module")
-def outcomes():
+def outcomes(example_runs):
+    """Every example's outcome, from the session's runs (conftest.ExampleRuns)."""
     out = []
     for path, name in TARGETS:
-        c = dict(load_cases(path, name))[name]()
-        res = verify_jax(c.seq, c.dist, *c.args, engine="clingo", name=name)
+        run = example_runs.run(path, name)
+        c, res = run.case, run.result
         o = CaseOutcome(name, str(path), c.expect, res, seconds=0.1)
         o.bug_line = bug_line(c.dist) if c.expect == "bug" else None
         out.append(o)

@@ -7,7 +7,9 @@ from dlverify.cases import load_cases
 from dlverify.frontends.jaxpr import import_jax
 from dlverify.segments import needs_segments
 
-TARGETS = example_targets()
+# The models at TP=4 have the graphs of their TP=2 twins with more ranks: the
+# tiny-window comparison runs on every example, bug-zoo case and TP=2 model.
+TARGETS = [(p, n) for p, n in example_targets() if "_tp4" not in n or p.parent.name != "models"]
 
 
 @pytest.mark.parametrize("path,name", TARGETS, ids=[n for _, n in TARGETS])
