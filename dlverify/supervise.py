@@ -29,6 +29,7 @@ from __future__ import annotations
 import ctypes
 import multiprocessing
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -178,16 +179,19 @@ def run_supervised(task: Callable[..., Any], args: tuple, limits: Limits = Limit
     end = min(ends) if ends else None
     ctx = _context()
     recv, send = ctx.Pipe(duplex=False)
-    fd, log = tempfile.mkstemp(prefix="dlverify-task-", suffix=".log")
-    os.close(fd)
+    # The child's scratch folder: its output log, and the temporary files of
+    # whatever it runs (Soufflé's fact folders). Removed here, by the parent,
+    # because a child killed at its deadline runs no cleanup of its own.
+    scratch = tempfile.mkdtemp(prefix="dlverify-task-")
+    log = os.path.join(scratch, "output.log")
+    open(log, "wb").close()
     proc = ctx.Process(target=_child_main, args=(send, task, args, limits.memory_bytes, log),
                        daemon=True, name="dlverify-task")
     try:
         outcome = _supervise(proc, recv, send, limits, deadline, end, t0, on_event)
-    except BaseException:
-        os.unlink(log)
-        raise
-    _forward_output(log, outcome)
+        _forward_output(log, outcome)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return outcome
 
 
@@ -375,6 +379,9 @@ def _child_main(conn: Connection, task: Callable[..., Any], args: tuple,
 def _child_run(conn: Connection, task: Callable[..., Any], args: tuple,
                memory_bytes: int | None, log: str) -> None:
     _isolate(log)
+    # Temporary files go to the scratch folder the parent removes (see run_supervised).
+    tempfile.tempdir = os.path.dirname(log)
+    os.environ["TMPDIR"] = tempfile.tempdir
     if memory_bytes:
         import resource
         resource.setrlimit(resource.RLIMIT_DATA, (memory_bytes, memory_bytes))

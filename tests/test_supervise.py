@@ -30,6 +30,16 @@ def _busy_with_a_grandchild(pid_file, reporter):
         pass
 
 
+def _temp_files_then_hang(record, reporter):
+    """Makes a temporary folder as an engine run does, then runs until killed."""
+    import tempfile
+
+    reporter.phase("engine")
+    Path(record).write_text(tempfile.mkdtemp(prefix="dlverify-souffle-"))
+    while True:
+        time.sleep(0.05)
+
+
 def _hog(reporter):
     reporter.phase("allocating")
     return len(bytearray(2 << 30))
@@ -87,3 +97,12 @@ def test_a_crash_and_an_internal_error_are_reported_as_such():
     out = run_supervised(_broken, ())
     assert out.status == "internal_error"
     assert out.message == "internal error in parse: KeyError: 'missing'"
+
+
+def test_temporary_files_of_a_child_killed_at_its_deadline_are_removed(tmp_path):
+    record = tmp_path / "made"
+    out = run_supervised(_temp_files_then_hang, (str(record),), Limits(seconds=3))
+    assert out.status == "out_of_time"
+    made = Path(record.read_text())
+    assert made.name.startswith("dlverify-souffle-")
+    assert not made.exists() and not made.parent.exists()
