@@ -161,6 +161,12 @@ def check_seconds(value: float | None, option: str = "--timeout") -> float | Non
 # the parent side
 
 def _context() -> multiprocessing.context.BaseContext:
+    # The fork server starts as `python -c ...`, which puts the working directory
+    # first on its sys.path (Python 3.11's fork server ignores the parent's): run
+    # from a source checkout after `pip install .`, the checkout's dlverify/ (which
+    # lacks the installed dlverify.frontends) would shadow the installed package.
+    # PYTHONSAFEPATH keeps the working directory off, as the `dlverify` command has it.
+    os.environ.setdefault("PYTHONSAFEPATH", "1")
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     return ctx
