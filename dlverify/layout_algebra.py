@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from math import prod
 from typing import Any, Callable
 
-import numpy as np
-
 from dlverify import schema as S
 from dlverify.ir import Graph, Op
+from dlverify.ops import NotExecutable
+from dlverify.ops.structural import clamp_start, scalar_index
 from dlverify.passes import Folded
 
 _INT32 = 2 ** 31
@@ -186,7 +186,7 @@ def pad_rows(add: AddRow, op: Op) -> None:
 def update_rows(add: AddRow, g: Graph, op: Op, fold: Folded) -> None:
     """Update_Window rows of a dynamic_update_slice whose update is
     smaller than the operand in exactly one dim, with starts known before run
-    time; starts are clamped into [0, dim - update size] as XLA does."""
+    time; starts are clamped as XLA clamps them (the evaluator's `clamp_start`)."""
     z, u = g.tensors[op.inputs[0]].shape, g.tensors[op.inputs[1]].shape
     starts = op.inputs[2:]
     smaller = [k for k in range(len(z)) if u[k] < z[k]]
@@ -195,9 +195,13 @@ def update_rows(add: AddRow, g: Graph, op: Op, fold: Folded) -> None:
     if len(smaller) != 1 or len(starts) != len(z) or not all(s in fold.small for s in starts):
         return
     k = smaller[0]
-    for r in range(fold.ranks):
-        raw = int(np.asarray(fold.small[starts[k]][r]).reshape(-1)[0])
-        add(S.UPDATE_WINDOW, op.id, r, k, min(max(raw, 0), z[k] - u[k]))
+    try:
+        clamped = [clamp_start(scalar_index(fold.small[starts[k]][r]), z[k], u[k])
+                   for r in range(fold.ranks)]
+    except NotExecutable:  # a start that is not one integer: no fact, so no rule applies
+        return
+    for r, start in enumerate(clamped):
+        add(S.UPDATE_WINDOW, op.id, r, k, start)
 
 
 def add_facts(add: AddRow, graph: Graph, fold: Folded, dist: bool) -> None:
