@@ -251,7 +251,7 @@ def test_an_unknown_jax_primitive_in_seq_fn(tmp_path, which):
     path, _, prim = _unknown_primitive_case(tmp_path, which)
     res = invoke(str(path))
     assert res.exit_code == 2
-    assert f"unknown primitive '{prim}' (no exporter in frontends/jaxpr.py)" in one_error_line(res)
+    assert f"unknown primitive '{prim}' (no exporter in frontends/jaxpr/)" in one_error_line(res)
 
 
 @pytest.mark.parametrize("which", [

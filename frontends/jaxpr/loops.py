@@ -1,0 +1,170 @@
+"""Exporters of the control-flow primitives: `scan` (and `fori_loop` with static
+bounds, which JAX lowers to it), `while` with a trip count known at trace time,
+and `cond` (`lax.cond`, `lax.switch`).
+
+Loops are unrolled into the IR: iteration i of a scan applies the body to the
+carry and to slice i of every scanned operand, and its per-iteration outputs
+are stacked again. Deep unrolled stacks are cheap to verify because the
+iterations are identical blocks (dlverify/structure.py cuts the programs there
+and dlverify/memo.py runs the engine once per distinct block).
+
+A while loop is unrolled only when its condition can be evaluated before run
+time on every iteration (a counter started at a constant): the condition is
+evaluated by the shared evaluator (dlverify/ops) on the known values of the
+carry, then its ops are dropped again. A condition that depends on data or on
+the rank is an UnknownOpError at the loop's line.
+
+`cond` with an index known before run time is its chosen branch; otherwise
+every branch is computed and `select_n` picks the result, an identity as long
+as the branches are pure, which is why a branch holding a collective (whose
+participation would depend on the index) is refused.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from dlverify.errors import UnknownOpError
+from dlverify.frontends.jaxpr.walk import Ctx, _elementwise, _loc, _out, _where, exporter, walk
+from dlverify.ir import SourceLoc
+
+MAX_UNROLLED_EQNS = 400_000  # iterations x body equations: beyond this the IR would not fit
+
+
+def _check_size(eqn: Any, iterations: int, body: Any) -> None:
+    inner = body.jaxpr if hasattr(body, "jaxpr") else body
+    if iterations * max(1, len(inner.eqns)) > MAX_UNROLLED_EQNS:
+        raise UnknownOpError(f"{eqn.primitive.name} of {iterations} iterations over a body of "
+                             f"{len(inner.eqns)} equations is too large to unroll "
+                             f"(limit {MAX_UNROLLED_EQNS} equations)", *_where(eqn))
+
+
+def _slice_row(ctx: Ctx, stacked: int, i: int, loc: SourceLoc) -> int:
+    """Row i of a stacked operand (dim 0 removed). A stack built by an earlier
+    scan of this walk is not sliced: row i is the tensor iteration i produced."""
+    rows = ctx.stacks.get(stacked)
+    if rows is not None:
+        return rows[i]
+    t = ctx.b.graph.tensors[stacked]
+    starts = (i,) + (0,) * (t.rank - 1)
+    limits = (i + 1,) + t.shape[1:]
+    row = ctx.b.op("slice", [stacked], (1,) + t.shape[1:], t.dtype,
+                   {"start_indices": starts, "limit_indices": limits, "strides": None}, loc, "scan")
+    return ctx.b.op("reshape", [row], t.shape[1:], t.dtype, {}, loc, "scan")
+
+
+def _stack(ctx: Ctx, rows: list[int], shape: tuple[int, ...], dtype: str, loc: SourceLoc) -> int:
+    """Rows (in index order) stacked along a new dim 0."""
+    if not rows:
+        return ctx.b.constant(np.zeros(shape, dtype=np.dtype(dtype)), shape, dtype, loc, "scan")
+    parts = [ctx.b.op("reshape", [r], (1,) + shape[1:], dtype, {}, loc, "scan") for r in rows]
+    out = parts[0] if len(parts) == 1 else ctx.b.op(
+        "concatenate", parts, shape, dtype, {"dimension": 0}, loc, "scan")
+    ctx.stacks[out] = list(rows)
+    return out
+
+
+@exporter("scan")
+def _scan(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
+    p = eqn.params
+    length, n_consts, n_carry = int(p["length"]), int(p["num_consts"]), int(p["num_carry"])
+    body = p["jaxpr"]
+    _check_size(eqn, length, body)
+    loc = _loc(eqn)
+    consts, carry, xs = ins[:n_consts], list(ins[n_consts:n_consts + n_carry]), ins[n_consts + n_carry:]
+    n_ys = len(eqn.outvars) - n_carry
+    ys_rows: list[list[int]] = [[0] * length for _ in range(n_ys)]
+    order = range(length - 1, -1, -1) if p["reverse"] else range(length)
+    for i in order:
+        outs = walk(ctx, body, consts + carry + [_slice_row(ctx, x, i, loc) for x in xs])
+        carry = outs[:n_carry]
+        for k, y in enumerate(outs[n_carry:]):
+            ys_rows[k][i] = y
+    ys = []
+    for k in range(n_ys):
+        shape, dtype = _out(eqn, n_carry + k)
+        ys.append(_stack(ctx, ys_rows[k], shape, dtype, loc))
+    return carry + ys
+
+
+@exporter("while")
+def _while(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
+    p = eqn.params
+    n_cond, n_body = int(p["cond_nconsts"]), int(p["body_nconsts"])
+    cond_consts, body_consts = ins[:n_cond], ins[n_cond:n_cond + n_body]
+    carry = list(ins[n_cond + n_body:])
+    body = p["body_jaxpr"]
+    inner = body.jaxpr if hasattr(body, "jaxpr") else body
+    limit = MAX_UNROLLED_EQNS // max(1, len(inner.eqns))
+    for iteration in range(limit + 1):
+        graph = ctx.b.graph
+        first_op, tensors_before = len(graph.ops), set(graph.tensors)
+        (pred,) = walk(ctx, p["cond_jaxpr"], cond_consts + carry)
+        value = ctx.known.value(ctx.b.graph, pred)
+        # the condition's ops computed a value known now; they are not part of the program
+        del graph.ops[first_op:]
+        ctx.known.dropped_from(first_op)
+        for t in set(graph.tensors) - tensors_before:
+            del graph.tensors[t]
+        if value is None:
+            raise UnknownOpError("while loop whose condition is not known before run time (it "
+                                 "depends on data or on the rank): only loops with a static trip "
+                                 "count are supported", *_where(eqn))
+        if not bool(np.asarray(value).reshape(())):
+            return carry
+        if iteration == limit:
+            break
+        carry = walk(ctx, body, body_consts + carry)
+    raise UnknownOpError(f"while loop of more than {limit} iterations is too large to unroll",
+                         *_where(eqn))
+
+
+_COLLECTIVES = {"psum", "psum_invariant", "pmax", "pmin", "all_gather", "reduce_scatter",
+                "all_to_all", "ppermute"}
+
+
+def _has_collective(jaxpr: Any) -> bool:
+    """Whether `jaxpr` or a jaxpr nested in its equations' params holds a collective."""
+    inner = jaxpr.jaxpr if hasattr(jaxpr, "jaxpr") else jaxpr
+    for e in inner.eqns:
+        if e.primitive.name in _COLLECTIVES:
+            return True
+        for param in e.params.values():
+            for sub in param if isinstance(param, (tuple, list)) else (param,):
+                if (hasattr(sub, "eqns") or hasattr(sub, "jaxpr")) and _has_collective(sub):
+                    return True
+    return False
+
+
+_SELECT = _elementwise("select_n")
+
+
+@exporter("cond")
+def _cond(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
+    branches = eqn.params["branches"]
+    index, operands = ins[0], ins[1:]
+    value = ctx.known.value(ctx.b.graph, index)
+    if value is not None:  # lax.switch clamps its index in the jaxpr, lax.cond gives 0 or 1
+        chosen = int(np.clip(np.asarray(value).reshape(()), 0, len(branches) - 1))
+        return walk(ctx, branches[chosen], operands)
+    if any(_has_collective(b) for b in branches):
+        raise UnknownOpError("cond whose branches hold collectives and whose predicate is not "
+                             "known before run time is not supported", *_where(eqn))
+    results = [walk(ctx, b, operands) for b in branches]
+    outs = []
+    for k in range(len(eqn.outvars)):
+        # select_n(index, case0, case1, ...) picks case `index`, elementwise
+        pick = _Pick(eqn, k)
+        outs.append(_SELECT(ctx, pick, [index] + [r[k] for r in results])[0])
+    return outs
+
+
+class _Pick:
+    """The view of a cond equation that the select_n exporter reads: output k."""
+
+    def __init__(self, eqn: Any, k: int) -> None:
+        self.outvars = [eqn.outvars[k]]
+        self.primitive = eqn.primitive
+        self.source_info = eqn.source_info
+        self.params: dict[str, Any] = {}

@@ -1,0 +1,183 @@
+"""The jaxpr walker: state of one walk (`Ctx`), the exporter table and `walk`.
+
+Walks jaxprs the way `jax.core.eval_jaxpr` does (an environment from variables
+to tensor ids, literals resolved on read). Each primitive has an exporter in
+`EXPORTERS` (registered by frontends/jaxpr/primitives.py and loops.py); a
+primitive without one is an UnknownOpError naming its source line, never an
+identity.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from dlverify.errors import InputError, UnknownOpError
+from dlverify.frontends.jaxpr.known import KnownValues
+from dlverify.ir import Frame, GraphBuilder, Mesh, SourceLoc
+
+import jax.extend.core as jcore
+from jax._src import source_info_util  # private: jax is pinned in pyproject.toml
+
+_OWN_FILES = ("/dlverify/", "/frontends/")
+
+
+def _loc(eqn: Any) -> SourceLoc:
+    tb = eqn.source_info.traceback
+    frames = []
+    if tb is not None:
+        for f in source_info_util.user_frames(tb):
+            if any(p in f.file_name for p in _OWN_FILES) or "/_pytest/" in f.file_name \
+                    or "/pluggy/" in f.file_name or "/typer/" in f.file_name:
+                continue
+            frames.append(Frame(f.file_name, f.start_line, f.function_name))
+    name = str(eqn.source_info.name_stack) if eqn.source_info.name_stack else ""
+    return SourceLoc(tuple(frames), name)
+
+
+def _dtype(aval: Any) -> str:
+    return str(np.dtype(aval.dtype)) if hasattr(aval, "dtype") else "token"
+
+
+@dataclass
+class Ctx:
+    """State of one walk: the graph being built and, inside shard_map, the mesh.
+    `fallback` locates ops traced inside library code (no user frames of their
+    own) at the user's call of that library function."""
+
+    b: GraphBuilder
+    mesh: Mesh | None
+    in_shard_map: bool
+    fallback: SourceLoc = SourceLoc()
+    # shared by every Ctx of one walk (dataclasses.replace copies references):
+    # values known before run time, and the rows of stacks built by unrolled scans
+    known: KnownValues = field(default_factory=KnownValues)
+    stacks: dict[int, list[int]] = field(default_factory=dict)
+
+    def groups(self, eqn: Any, axes: Any, axis_index_groups: Any = None) -> list[list[int]]:
+        if self.mesh is None or not self.in_shard_map:
+            raise InputError(f"collective {eqn.primitive.name} outside shard_map",
+                             *_where(eqn))
+        axes = (axes,) if isinstance(axes, str) else tuple(axes)
+        for a in axes:
+            if a not in self.mesh.axis_names:
+                raise InputError(f"{eqn.primitive.name} over unknown mesh axis {a!r}", *_where(eqn))
+        if axis_index_groups is None:
+            return self.mesh.groups(axes)
+        if len(axes) != 1:
+            raise InputError("axis_index_groups with several axes is not supported", *_where(eqn))
+        # axis_index_groups index positions along the one axis; apply them in
+        # every slice of the other axes.
+        out = []
+        for full in self.mesh.groups(axes):
+            for grp in axis_index_groups:
+                out.append([full[i] for i in grp])
+        return out
+
+
+def _where(eqn: Any) -> tuple[str, int]:
+    loc = _loc(eqn)
+    return loc.file, loc.line
+
+
+Exporter = Callable[[Ctx, Any, list[int]], list[int]]
+EXPORTERS: dict[str, Exporter] = {}
+
+
+def exporter(*names: str) -> Callable[[Exporter], Exporter]:
+    def deco(fn: Exporter) -> Exporter:
+        for n in names:
+            EXPORTERS[n] = fn
+        return fn
+    return deco
+
+
+def _out(eqn: Any, i: int = 0) -> tuple[tuple[int, ...], str]:
+    aval = eqn.outvars[i].aval
+    return tuple(int(s) for s in aval.shape), _dtype(aval)
+
+
+def _simple(kind: str, params: Callable[[Any], dict] | None = None) -> Exporter:
+    def ex(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
+        shape, dtype = _out(eqn)
+        return [ctx.b.op(kind, ins, shape, dtype, params(eqn) if params else {}, _loc(eqn),
+                         eqn.primitive.name)]
+    return ex
+
+
+def _elementwise(kind: str, params: Callable[[Any], dict] | None = None) -> Exporter:
+    """Elementwise ops; jaxprs broadcast rank-0 operands and size-1 dims implicitly,
+    the IR does it with explicit broadcast_in_dim ops so one rule family serves."""
+    def ex(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
+        shape, dtype = _out(eqn)
+        loc = _loc(eqn)
+        args = []
+        for t in ins:
+            ten = ctx.b.graph.tensors[t]
+            if ten.shape != shape:
+                dims = tuple(range(len(shape))) if ten.rank == len(shape) else ()
+                if ten.rank not in (0, len(shape)):
+                    raise InputError(f"{kind}: operand of shape {ten.shape} for output {shape}",
+                                     loc.file, loc.line)
+                t = ctx.b.op("broadcast_in_dim", [t], shape, ten.dtype,
+                             {"broadcast_dimensions": dims}, loc, "broadcast_in_dim")
+            args.append(t)
+        return [ctx.b.op(kind, args, shape, dtype, params(eqn) if params else {}, loc,
+                         eqn.primitive.name)]
+    return ex
+
+
+def _literal(ctx: Ctx, lit: Any) -> int:
+    val = np.asarray(lit.val)
+    return ctx.b.constant(val, tuple(val.shape), _dtype(lit.aval))
+
+
+def walk(ctx: Ctx, jaxpr: Any, in_ids: list[int]) -> list[int]:
+    """Emit the ops of `jaxpr` (closed or open) applied to `in_ids`."""
+    consts: list[Any] = []
+    if isinstance(jaxpr, jcore.ClosedJaxpr):
+        consts = list(jaxpr.consts)
+        jaxpr = jaxpr.jaxpr
+    env: dict[Any, int] = {}
+    for v, c in zip(jaxpr.constvars, consts):
+        val = np.asarray(c)
+        env[v] = ctx.b.constant(val, tuple(val.shape), str(val.dtype))
+    if len(jaxpr.invars) != len(in_ids):
+        raise InputError(f"call with {len(in_ids)} operands for {len(jaxpr.invars)} parameters")
+    for v, t in zip(jaxpr.invars, in_ids):
+        env[v] = t
+
+    def read(a: Any) -> int:
+        if isinstance(a, jcore.Literal):
+            return _literal(ctx, a)
+        return env[a]
+
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        ex = EXPORTERS.get(name)
+        if ex is None:
+            if name == "shard_map":
+                raise InputError("nested shard_map is not supported", *_where(eqn))
+            file, line = _where(eqn)
+            if not file:
+                file, line = ctx.fallback.file, ctx.fallback.line
+            raise UnknownOpError(f"unknown primitive '{name}' (no exporter in "
+                                 f"frontends/jaxpr/)", file, line)
+        first_new = len(ctx.b.graph.ops)
+        try:
+            outs = ex(ctx, eqn, [read(a) for a in eqn.invars])
+        except InputError as e:
+            if not e.file and ctx.fallback.frames:
+                e.file, e.line = ctx.fallback.file, ctx.fallback.line
+            raise
+        for op in ctx.b.graph.ops[first_new:]:
+            if not op.loc.frames:
+                op.loc = ctx.fallback
+        if len(outs) != len(eqn.outvars):
+            raise InputError(f"exporter for {name} returned {len(outs)} outputs for "
+                             f"{len(eqn.outvars)}", *_where(eqn))
+        for v, t in zip(eqn.outvars, outs):
+            if not isinstance(v, jcore.DropVar):
+                env[v] = t
+    return [read(a) for a in jaxpr.outvars]
