@@ -167,3 +167,58 @@ def test_fused_qkv_with_a_wrong_slice_offset_is_not_verified():
     t.output(qs, qd, (None, "x"))
     out = t.run()
     assert not out.result.verified
+
+
+# ------------------------------------------------ slice of reshape, reshape of reshape
+
+SLICES_OF_SPLITS = [
+    # (operand shape, reshaped shape, slice starts, slice limits)
+    ((16, 8), (4, 4, 8), (1, 0, 0), (2, 4, 8)),          # one micro-batch of a split batch
+    ((16, 8), (4, 4, 8), (1, 0, 2), (3, 4, 6)),          # outer split dim and a kept dim
+    ((6, 10), (6, 2, 5), (2, 1, 0), (5, 2, 5)),          # split of the inner dim
+    ((3, 1, 8), (3, 8), (1, 0), (2, 8)),                 # a dropped size-1 dim
+    ((24,), (2, 3, 4), (1, 0, 0), (2, 3, 4)),            # a three-way split
+    ((4, 6), (1, 4, 6), (0, 1, 0), (1, 3, 6)),           # an inserted size-1 dim
+]
+
+
+@pytest.mark.parametrize("src,dst,starts,limits", SLICES_OF_SPLITS)
+def test_slice_of_a_split_reshape_is_the_reshape_of_a_slice(src, dst, starts, limits):
+    g, b, ids = graph()
+    x = inp(g, b, src)
+    r = b.op("reshape", [x], dst, "float64")
+    out_shape = tuple(e - s for s, e in zip(starts, limits))
+    out = b.op("slice", [r], out_shape, "float64",
+               {"start_indices": starts, "limit_indices": limits, "strides": None})
+    g.outputs = [out]
+    h = check_same(g, ids)
+    prod = h.producer()
+    cut = prod[out] if prod[out].kind == "slice" else prod[prod[out].inputs[0]]
+    assert cut.kind == "slice" and cut.inputs == [x]  # the slice now reads the operand
+
+
+@pytest.mark.parametrize("src,dst,starts,limits", [
+    ((16, 8), (4, 4, 8), (0, 1, 0), (4, 2, 8)),   # cuts an inner dim of a split: not contiguous
+    ((4, 4, 8), (16, 8), (2, 0), (6, 8)),         # cuts a merged dim
+])
+def test_slice_that_is_not_contiguous_in_the_operand_is_left_alone(src, dst, starts, limits):
+    g, b, ids = graph()
+    x = inp(g, b, src)
+    r = b.op("reshape", [x], dst, "float64")
+    out_shape = tuple(e - s for s, e in zip(starts, limits))
+    g.outputs = [b.op("slice", [r], out_shape, "float64",
+                      {"start_indices": starts, "limit_indices": limits, "strides": None})]
+    assert not rewrite_graph(copy.deepcopy(g), ids)
+
+
+def test_reshapes_compose_and_a_round_trip_is_the_operand():
+    g, b, ids = graph()
+    x = inp(g, b, (4, 6))
+    r1 = b.op("reshape", [x], (2, 2, 6), "float64")
+    r2 = b.op("reshape", [r1], (4, 3, 2), "float64")
+    back = b.op("reshape", [r1], (4, 6), "float64")
+    g.outputs = [r2, b.op("add", [back, x], (4, 6), "float64")]
+    h = check_same(g, ids)
+    prod = h.producer()
+    assert prod[h.outputs[0]].inputs == [x]
+    assert prod[h.outputs[1]].inputs == [x, x]
