@@ -536,6 +536,29 @@ def check_dump(
     _run_command(body)
 
 
+@app.command("zoo")
+def zoo(
+    targets: list[str] = typer.Argument(..., help="manifest .toml, case files (PATH.py[::NAME]), folders, globs"),
+    jobs: int = typer.Option(1, "--jobs", "-j", help="items verified at once"),
+    engine: str = typer.Option("auto", help="auto | clingo | souffle"),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="seconds for EACH item (exit 3 if one exceeds it)"),
+    max_memory: Optional[str] = typer.Option(None, "--max-memory", help="memory for each item, e.g. 4G (exit 3 if one exceeds it)"),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="verdict cache (default ~/.cache/dlverify/zoo)"),
+    no_cache: bool = typer.Option(False, "--no-cache", help="neither read nor write cached verdicts"),
+    resume: bool = typer.Option(False, "--resume", help="keep the items an interrupted run finished"),
+    report_dir: Path = typer.Option(Path("zoo-report"), "--report-dir", help="index.html, zoo.json, junit.xml, zoo.sarif"),
+) -> None:
+    """Verify a model zoo on a pool of processes, with a cache and an HTML report (see README)."""
+    def body() -> None:
+        from dlverify.zoo.command import ZooArgs, zoo_command
+
+        ensure_host_devices()
+        args = ZooArgs(targets, jobs, engine, timeout, max_memory, cache_dir, no_cache, resume, report_dir)
+        raise typer.Exit(zoo_command(args, typer.echo, lambda line: typer.echo(line, err=True)))
+
+    _run_command(body)
+
+
 def main() -> None:
     code = 0
     try:

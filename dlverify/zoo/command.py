@@ -1,0 +1,85 @@
+"""`dlverify zoo`, behind the CLI's argument parsing: options checked before
+anything runs (bad ones raise InputError: one line, exit 2), the run shown,
+the reports written, one closing summary line; returns the exit code."""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from dlverify.errors import InputError
+from dlverify.zoo.cache import default_cache_dir
+from dlverify.zoo.items import ItemLimits, entries_of
+from dlverify.zoo.runner import EXIT_INPUT, ZooOptions, run_zoo
+
+MAX_JOBS = 256
+
+
+@dataclass(frozen=True)
+class ZooArgs:
+    """The command line of `dlverify zoo`, as parsed."""
+
+    targets: list[str]
+    jobs: int = 1
+    engine: str = "auto"
+    timeout: float | None = None
+    max_memory: str | None = None
+    cache_dir: Path | None = None
+    no_cache: bool = False
+    resume: bool = False
+    report_dir: Path = Path("zoo-report")
+
+
+def _writable_dir(path: Path, option: str) -> None:
+    if path.exists() and not path.is_dir():
+        raise InputError(f"{option}: exists and is not a folder", str(path))
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".dlverify-write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise InputError(f"{option}: cannot write here: {e.strerror or e}", str(path)) from None
+
+
+def options_of(args: ZooArgs) -> ZooOptions:
+    from dlverify.supervise import check_seconds, parse_memory
+
+    if args.engine not in ("auto", "clingo", "souffle"):
+        raise InputError(f"unknown engine {args.engine!r}: use auto, clingo or souffle")
+    if not 1 <= args.jobs <= MAX_JOBS:
+        raise InputError(f"--jobs {args.jobs}: expected 1..{MAX_JOBS}")
+    check_seconds(args.timeout)
+    memory = parse_memory(args.max_memory) if args.max_memory is not None else None
+    cache_dir = args.cache_dir or default_cache_dir()
+    _writable_dir(cache_dir, "--cache-dir")
+    _writable_dir(args.report_dir, "--report-dir")
+    return ZooOptions(args.jobs, args.engine, ItemLimits(args.timeout, memory), cache_dir,
+                      use_cache=not args.no_cache, resume=args.resume)
+
+
+def _live() -> bool:
+    return sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
+
+
+def zoo_command(args: ZooArgs, echo: Callable[[str], None],
+                echo_err: Callable[[str], None]) -> int:
+    from dlverify.zoo.display import LineDisplay, LiveDisplay
+    from dlverify.zoo.outputs import write_reports
+
+    options = options_of(args)
+    entries = entries_of(args.targets)
+    display = LiveDisplay(echo) if _live() else LineDisplay(echo)
+    with display:
+        run = run_zoo(entries, options, display)
+    code = run.code
+    try:
+        page = write_reports(run, args.report_dir)
+        where = f"; report: {page}"
+    except OSError as e:
+        echo_err(f"error: writing the reports to {args.report_dir} failed: {e.strerror or e}")
+        code, where = max(code, EXIT_INPUT), ""
+    echo(run.summary() + where)
+    return code
