@@ -171,6 +171,11 @@ def elem_nary(ex: FactSink, s: Site) -> tuple:
     return (s.op.kind,)
 
 
+def select_n(ex: FactSink, s: Site) -> tuple:
+    ex.add(S.SELECT, s.op.id)
+    return elem_nary(ex, s)
+
+
 def elem_div(ex: FactSink, s: Site) -> tuple:
     if is_float_dtype(s.graph.tensors[s.op.output].dtype):
         ex.add(S.ELEM_DIV, s.op.id)

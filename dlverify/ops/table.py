@@ -157,7 +157,7 @@ _KINDS: list[OpKind] = [
     _binary("gt", E.compare(np.greater)), _binary("ge", E.compare(np.greater_equal)),
     _binary("complex", E.complex_of),
     # elementwise n-ary
-    OpKind("select_n", at_least(2), F.ELEMENTWISE, A.NONLINEAR, E.select_n, X.elem_nary),
+    OpKind("select_n", at_least(2), F.ELEMENTWISE, A.NONLINEAR, E.select_n, X.select_n),
     OpKind("clamp", TERNARY, F.ELEMENTWISE, A.NONLINEAR, E.clamp, X.elem_nary),
     # layout: data movement and index space
     _layout("broadcast_in_dim", UNARY, T.broadcast_in_dim, X.broadcast_in_dim, copies_operand0=True),
