@@ -16,7 +16,10 @@ complete it. The families (datalog/partials.dl, datalog/update.dl):
   (the terms a dynamic_update_slice into zeros writes);
 - WINDOW_BASE + k: `op` is a sequential dynamic_update_slice into zeros writing
   at `start` along k; F(i), i below the update's size, is its output masked to
-  index start + i along k.
+  index start + i along k;
+- GROUP_BASE + k: `op` is a distributed collective with k groups whose members'
+  operands, visited as slots (member q of group g is slot q * k + g), tile the
+  range of one family; F(g) is the reduction over group g (collectives.dl).
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ FLAT_BASE = S.TAG_FLAT_BASE
 ADD_BASE = S.TAG_ADD_BASE
 MASK_BASE = S.TAG_MASK_BASE
 WINDOW_BASE = S.TAG_WINDOW_BASE
+GROUP_BASE = S.TAG_GROUP_BASE
 PAIR = S.TAG_PAIR   # axes encoded in pairs are below this
 
 
@@ -40,7 +44,10 @@ def _producer(graph: Graph, tensor: int):
 
 
 def full_size(seq: Graph, op_id: int, axis: int) -> int:
-    """The number of terms of the family (op, axis) of the sequential graph."""
+    """The number of terms of the family (op, axis): of the sequential graph, or
+    (GROUP_BASE) of a collective's groups, whose count the axis holds."""
+    if axis > GROUP_BASE:
+        return axis - GROUP_BASE
     op = _op(seq, op_id)
     if axis >= WINDOW_BASE:
         return seq.tensors[op.inputs[1]].shape[axis - WINDOW_BASE]
