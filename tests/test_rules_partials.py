@@ -83,6 +83,63 @@ def test_add_of_a_reduced_value_and_a_term_has_no_view():
     assert out.views(zs, zd) == []
 
 
+# ---------------------------------------------------------------- accumulation (micro-batches)
+
+def micro_batches(t: Tiny, starts: tuple[int, int], zero_first: bool = False):
+    """seq y = x @ w over 8 rows of the contraction; rank r holds rows 4r..4r+3 and
+    multiplies two slices of 2 local rows (starting at `starts`), then adds them
+    (after a zero accumulator when `zero_first`)."""
+    xs, xd = t.input((3, 8), (None, "x"))
+    ws, wd = t.input((8, 5), ("x", None))
+    ys = t.sop("dot_general", [xs, ws], (3, 5), **DOT)
+    sop = last_seq_op(t)
+    parts = []
+    for a in starts:
+        xa = t.dop("slice", [xd], (3, 2), start_indices=(0, a), limit_indices=(3, a + 2), strides=None)
+        wa = t.dop("slice", [wd], (2, 5), start_indices=(a, 0), limit_indices=(a + 2, 5), strides=None)
+        parts.append(t.dop("dot_general", [xa, wa], (3, 5), **DOT))
+    acc = parts[0]
+    if zero_first:
+        acc = t.dop("add", [t.dconst(0.0, (3, 5)), acc], (3, 5))
+    acc = t.dop("add", [acc, parts[1]], (3, 5))
+    return ys, sop, parts, acc
+
+
+@pytest.mark.parametrize("starts", [(0, 2), (2, 0)])
+def test_adding_terms_of_adjacent_ranges_gives_their_union_that_psum_completes(starts):
+    t = Tiny()
+    ys, sop, parts, acc = micro_batches(t, starts, zero_first=True)
+    sd = t.dop("all_reduce", [acc], (3, 5), reducer="sum", groups=[[0, 1]])
+    t.output(ys, sd)
+    out = t.run()
+    for r in range(2):
+        a = starts[0]
+        assert vset(out, ys, parts[0], r) == {((0, 0), Partial(0, sop, 0, 4 * r + a, 4 * r + a + 2), UNIT)}
+        assert vset(out, ys, acc, r) == {((0, 0), Partial(0, sop, 0, 4 * r, 4 * r + 4), UNIT)}
+        assert vset(out, ys, sd, r) == {((0, 0), None, UNIT)}
+    assert out.result.verified
+
+
+@pytest.mark.parametrize("starts", [(0, 0), (1, 2)])
+def test_adding_terms_of_the_same_or_overlapping_ranges_has_no_view(starts):
+    t = Tiny()
+    ys, sop, parts, acc = micro_batches(t, starts)
+    out = t.run()
+    assert out.views(ys, parts[1]) and out.views(ys, acc) == []
+
+
+def test_sub_of_adjacent_ranges_or_add_of_a_nonzero_splat_has_no_view():
+    t = Tiny()
+    ys, sop, parts, _ = micro_batches(t, (0, 2))
+    diff = t.dop("sub", [parts[0], parts[1]], (3, 5))
+    ones = t.dop("add", [t.dconst(1.0, (3, 5)), parts[0]], (3, 5))
+    minus_zero = t.dop("sub", [parts[0], t.dconst(0.0, (3, 5))], (3, 5))
+    zero_minus = t.dop("sub", [t.dconst(0.0, (3, 5)), parts[0]], (3, 5))
+    out = t.run()
+    assert out.views(ys, diff) == [] and out.views(ys, ones) == [] and out.views(ys, zero_minus) == []
+    assert vset(out, ys, minus_zero, 1) == {((0, 0), Partial(0, sop, 0, 4, 6), UNIT)}
+
+
 # ---------------------------------------------------------------- two partial contracted dims
 
 def _kv_dot(mesh_shape, o_spec, w_spec):
