@@ -28,7 +28,7 @@ def _export(fn, args):
 def _check_like_jax(fn, *args):
     g = _export(fn, args)
     vals = Interpreter(g, 1).run([[a] for a in args])
-    want = jax.tree.leaves(fn(*args))
+    want = jax.tree.leaves(jax.jit(fn)(*args))
     assert len(want) == len(g.outputs)
     for t, w in zip(g.outputs, want):
         np.testing.assert_allclose(np.asarray(vals[t][0], dtype=np.float64),
@@ -134,3 +134,49 @@ def test_cond_on_the_rank_with_a_collective_in_a_branch_is_refused():
     dist = jax.jit(jax.shard_map(loc, mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False))
     with pytest.raises(UnknownOpError, match="branches hold collectives"):
         dlverify.verify_jax(lambda x: x, dist, jax.ShapeDtypeStruct((2, 4), jnp.float32))
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_stack_is_a_concatenate_of_reshapes(axis):
+    def f(a, b, c):
+        return jnp.stack([a, b, c], axis=axis)
+    _check_like_jax(f, X, X * 2.0, X - 1.0)
+
+
+# ------------------------------------------------------------ scatter, static indices
+
+O = RNG.standard_normal((4, 3)).astype(np.float32)
+
+
+def test_scatters_with_static_indices_are_window_updates():
+    def f(o, u, v):
+        return (o.at[2].set(u), o.at[1:3, 1].add(v), o.at[np.array([0, 3, 0])].max(jnp.stack([u, u, u])),
+                o.at[-1].multiply(u), o.at[:, 2].min(jnp.concatenate([v, v])))
+    g = _check_like_jax(f, O, X[0, :3], X[1, :2])
+    assert any(op.kind == "dynamic_update_slice" for op in g.ops)
+
+
+def test_gradient_of_a_static_gather_is_a_scatter_add():
+    def f(o):
+        return jax.grad(lambda a: jnp.sum(jnp.sin(a[np.array([1, 1, 3])])))(o)
+    _check_like_jax(f, O)
+
+
+def test_scatter_with_clip_mode_clamps_the_window():
+    def f(o, u):
+        return o.at[7].set(u, mode="clip"), o.at[-9].add(u, mode="clip")
+    _check_like_jax(f, O, X[0, :3])
+
+
+def test_scatter_on_data_dependent_indices_is_refused():
+    def f(o, i):
+        return o.at[i].set(0.0)
+    with pytest.raises(UnknownOpError, match="indices are not known before run time"):
+        _export(f, (O, np.int32(1)))
+
+
+def test_scatter_set_with_overlapping_windows_is_refused():
+    def f(o, u):
+        return o.at[np.array([1, 1])].set(jnp.stack([u, u * 2.0]))
+    with pytest.raises(UnknownOpError, match="overlapping windows"):
+        _export(f, (O, X[0, :3]))

@@ -1,7 +1,8 @@
 """jaxpr -> IR: the sequential program and the body of a `jax.shard_map`.
 
 `walk.py` holds the walker and the exporter table, `primitives.py` the
-exporters of plain primitives, `loops.py` those of `scan`, `while` and `cond`.
+exporters of plain primitives, `loops.py` those of `scan`, `while` and `cond`,
+`scatter.py` those of scatters with indices known before run time.
 This module traces the two programs and reads shard_map's specs.
 """
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any, Callable
 import numpy as np
 
 from dlverify.errors import InputError
-from dlverify.frontends.jaxpr import loops, primitives  # noqa: F401 - register the exporters
+from dlverify.frontends.jaxpr import loops, primitives, scatter  # noqa: F401 - register the exporters
 from dlverify.frontends.jaxpr.walk import _OWN_FILES, Ctx, _dtype, walk
 from dlverify.ir import Graph, GraphBuilder, IdAllocator, Mesh
 from dlverify.problem import Problem

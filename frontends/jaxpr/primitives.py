@@ -75,6 +75,20 @@ EXPORTERS["dynamic_update_slice"] = _simple("dynamic_update_slice")
 EXPORTERS["sort"] = _simple("sort", lambda e: {"dimension": int(e.params["dimension"])})
 
 
+@exporter("stack")
+def _stack(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
+    """stack(xs, axis): each operand gets a size-1 dim at `axis`, then one concatenate."""
+    shape, dtype = _out(eqn)
+    axis = int(eqn.params["axis"])
+    loc = _loc(eqn)
+    part_shape = shape[:axis] + (1,) + shape[axis + 1:]
+    parts = [ctx.b.op("reshape", [t], part_shape, ctx.b.graph.tensors[t].dtype, {}, loc, "stack")
+             for t in ins]
+    if len(parts) == 1:
+        return parts
+    return [ctx.b.op("concatenate", parts, shape, dtype, {"dimension": axis}, loc, "stack")]
+
+
 @exporter("slice")
 def _slice(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
     shape, dtype = _out(eqn)
