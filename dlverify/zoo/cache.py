@@ -24,7 +24,7 @@ import pickle
 import shutil
 import sys
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache, lru_cache
 from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
@@ -72,7 +72,7 @@ def code_roots() -> tuple[Path, ...]:
     return tuple(roots)
 
 
-@lru_cache(maxsize=None)
+@cache
 def salt(engine: str) -> str:
     """Rule set, dlverify version and source, engine, Python: part of every key."""
     from dlverify.memo import rules_hash
@@ -132,7 +132,7 @@ class _Store:
                 data = pickle.load(f)
         except FileNotFoundError:
             return None
-        except Exception:  # noqa: BLE001: a torn or foreign file is a miss, recomputed
+        except Exception:  # noqa: BLE001 - a torn or foreign file is a miss, recomputed
             return None
         if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("key") != key:
             return None

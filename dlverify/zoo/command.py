@@ -7,7 +7,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from dlverify.errors import InputError
 from dlverify.zoo.cache import default_cache_dir

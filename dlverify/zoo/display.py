@@ -7,7 +7,8 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from dlverify.zoo.results import ItemResult
 

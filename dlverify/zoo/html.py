@@ -73,8 +73,8 @@ def _row(r: ItemResult) -> list[str]:
         if d.source_text:
             failure += (f'<pre class="source">{escape(d.source_file.rsplit("/", 1)[-1])}:'
                         f'{d.source_line}: {escape(d.source_text)}</pre>')
-    out = [f'<tr class="item status-{r.status}" data-status="{r.status}" '
-           f'data-verdict="{escape(r.verdict)}" data-id="{escape(r.id)}">',
+    out = [(f'<tr class="item status-{r.status}" data-status="{r.status}" '
+            f'data-verdict="{escape(r.verdict)}" data-id="{escape(r.id)}">'),
            f'<td class="id">{escape(r.id)}</td>',
            f'<td class="kind">{escape(r.kind)}</td>',
            f'<td class="verdict">{escape(r.verdict)}</td>',
@@ -86,7 +86,7 @@ def _row(r: ItemResult) -> list[str]:
            f'<td class="failure">{failure}</td>', "</tr>"]
     parts = []
     if d.outputs:
-        parts.append("<p>Proved:</p><ul>" + "".join(f"<li><code>{escape(o)}</code></li>"
+        parts.append("<p>Outputs:</p><ul>" + "".join(f"<li><code>{escape(o)}</code></li>"
                                                     for o in d.outputs) + "</ul>")
     parts.append("<p>Assumptions:</p>" + ("<ul class=\"assumptions\">" + "".join(
         f"<li>{escape(a)}</li>" for a in d.assumptions) + "</ul>" if d.assumptions

@@ -249,7 +249,7 @@ def read_manifest(path: Path) -> list[Entry]:
 
 def _header_line(text: str, section: str, index: int) -> int:
     """The line of the index-th `[[section]]` (or `[section]`) header."""
-    pattern = re.compile(rf"^\s*\[\[?\s*{re.escape(section)}\s*\]\]?", re.M)
+    pattern = re.compile(rf"^[ \t]*\[\[?[ \t]*{re.escape(section)}[ \t]*\]\]?", re.MULTILINE)
     for i, m in enumerate(pattern.finditer(text)):
         if i == index:
             return text.count("\n", 0, m.start()) + 1

@@ -19,17 +19,18 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from dlverify.errors import InputError
 from dlverify.zoo import cache as C
 from dlverify.zoo.items import CaseEntry, DumpEntry, Entry, HloEntry, ItemLimits
 from dlverify.zoo.results import ItemKind, ItemResult, error_result
 from dlverify.zoo.tasks import (CaseJob, ChildValue, DumpJob, HloJob, case_task, dump_task,
-                                hlo_task, list_task)
+                                hlo_task, list_task, ready_task)
 
 EXIT_OK, EXIT_MISMATCH, EXIT_INPUT, EXIT_RESOURCES = 0, 1, 2, 3
 
@@ -227,6 +228,8 @@ class _Runner:
         self.display.add_total(len(works))
         for w in works:
             self.consider(w)
+        if self.pending:
+            run_supervised(ready_task, ())  # see ready_task; how it ends does not matter
         jobs = max(1, self.options.jobs)
         pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="dlverify-zoo")
         running: dict[Future, _Work] = {}

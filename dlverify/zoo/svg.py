@@ -54,8 +54,8 @@ def _panel(g: nx.DiGraph, title: str, x0: float, arrow: str) -> tuple[list[str],
         offset = (width - (len(layer) * (NODE_W + GAP_X) - GAP_X)) / 2
         for col, n in enumerate(layer):
             pos[n] = (x0 + offset + col * (NODE_W + GAP_X), TITLE_H + PAD + row * (NODE_H + GAP_Y))
-    out = [f'<text class="panel-title" x="{x0:.0f}" y="{PAD + 4}" font-weight="bold">'
-           f'{escape(title)} program</text>']
+    out = [(f'<text class="panel-title" x="{x0:.0f}" y="{PAD + 4}" font-weight="bold">'
+            f'{escape(title)} program</text>')]
     for a, b in g.edges():
         (xa, ya), (xb, yb) = pos[a], pos[b]
         out.append(f'<line x1="{xa + NODE_W / 2:.0f}" y1="{ya + NODE_H:.0f}" '

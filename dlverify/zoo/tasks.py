@@ -78,6 +78,12 @@ class _ImportedFiles:
         return out
 
 
+def ready_task(reporter: Reporter = NULL_REPORTER) -> bool:
+    """Nothing: run once before the pool starts, so that the fork server's one
+    import of JAX (seconds) is not counted against the first items' limits."""
+    return True
+
+
 def list_task(path: Path, reporter: Reporter = NULL_REPORTER) -> ChildValue:
     """The case names of a file (importing it runs the user's module code)."""
     from dlverify.cases import load_cases
