@@ -11,6 +11,7 @@ from dlverify import ir
 from dlverify import schema as S
 from dlverify.ir import Graph, Op
 from dlverify.outputs import infer_output_relation
+from dlverify.partial_tags import GROUP_BASE
 from dlverify.problem import Problem
 from dlverify.relations import BlockRelation
 from dlverify.verdict import (UNIT_SCALE, Failure, ViewFact, fmt_offsets, parse_views, scale_value,
@@ -83,8 +84,13 @@ class Judge:
         text = f"block {fmt_offsets(v.offsets, shape)} of {self.seq_desc(v.seq)}"
         if v.partial is not None:
             red = v.partial.reducer_name
-            text = (f"partial {red} (range [{v.partial.lo}:{v.partial.hi}) of reduced dim "
-                    f"{v.partial.axis} of {self.op_desc(self.seq_ops[v.partial.op])}) of " + text)
+            if v.partial.axis > GROUP_BASE:   # the family of a collective's groups
+                text = (f"partial {red} (the {red} over group {v.partial.lo} of the "
+                        f"{v.partial.axis - GROUP_BASE} groups of "
+                        f"{self.op_desc(self.dist_ops[v.partial.op])}) of " + text)
+            else:
+                text = (f"partial {red} (range [{v.partial.lo}:{v.partial.hi}) of reduced dim "
+                        f"{v.partial.axis} of {self.op_desc(self.seq_ops[v.partial.op])}) of " + text)
         if v.scale != UNIT_SCALE:
             text = f"{scale_value(v.scale)} x " + text
         return text
@@ -244,6 +250,10 @@ class Judge:
         if k in ("add", "sub") and any(partial) and any(complete):
             return "partial-plus-complete", ("adds a complete value to a partial sum, so it is "
                                              "counted once per rank: add it after the reduction")
+        if k == "add" and len(ins) == 2 and all(partial) and self._overlapping_terms(ins[0], ins[1]):
+            return "no-relation", ("adds partial terms of overlapping ranges of one sum, so those "
+                                   "terms are counted twice (an accumulation that repeats a "
+                                   "micro-batch or a shard?)")
         if (k in ir.ELEMENTWISE_NONLINEAR_UNARY or k in ir.ELEMENTWISE_NONLINEAR_BINARY
                 or k in ir.ELEMENTWISE_NARY) and any(partial):
             return "nonlinear-on-partial", "nonlinear op applied to a partial sum: reduce first"
@@ -260,6 +270,13 @@ class Judge:
             if all(offs) and not set.intersection(*offs):
                 return "operand-mismatch", "operands hold different blocks of the sequential values"
         return "no-relation", ""
+
+    @staticmethod
+    def _overlapping_terms(a: list[ViewFact], b: list[ViewFact]) -> bool:
+        """Some view of a and some view of b are terms of one family with overlapping ranges."""
+        return any(v.seq == w.seq and v.partial.op == w.partial.op and v.partial.axis == w.partial.axis
+                   and v.partial.lo < w.partial.hi and w.partial.lo < v.partial.hi
+                   for v in a for w in b)
 
     def group_reason(self, op: Op) -> str:
         x = op.inputs[0]
@@ -285,8 +302,11 @@ class Judge:
             if not ok or len(rng) != len(g):
                 bad.append(g)
         holdings = ", ".join(f"rank {r} [{t.lo}:{t.hi})" for r, t in sorted(held.items()))
+        what = "the reduced dim"
+        if any(t.axis > GROUP_BASE for t in held.values()):
+            what = "the groups of the earlier collective"
         return (f"{op.kind} over groups {groups}, but the members of {bad or groups} do not hold "
-                f"ranges that tile the reduced dim (0:{full}); partial terms held: {holdings}")
+                f"ranges that tile {what} (0:{full}); partial terms held: {holdings}")
 
     def output_failures(self, failing: list) -> list[Failure]:
         out = []
