@@ -193,12 +193,15 @@ class Judge:
         the missing reduction, at the op that created the partial sum."""
         if op.output in reduced_later or op.kind in ("all_reduce", "reduce_scatter"):
             return None
+        if self._merges_partial_extrema(op, rank):   # a max of partial maxima: reason() says why
+            return None
         for t in op.inputs:
             for v in self.by_dist.get((t, rank), []):
                 if v.partial is not None:
                     origin = self.origin(t, rank, [v]) or op
-                    reason = "partial result never reduced: add the missing all-reduce"
                     kind = v.partial.reducer_name
+                    reason = "partial result never reduced: add the missing all-reduce" + (
+                        "" if kind == "sum" else f" with {kind} (p{kind})")
                     mover = self._split_by_data_movement(origin)
                     if mover is not None:  # the dim became split here: blame the move
                         reason = (f"{origin.kind} reduces a dim that {mover.kind} left split "
@@ -254,6 +257,11 @@ class Judge:
             return "no-relation", ("adds partial terms of overlapping ranges of one sum, so those "
                                    "terms are counted twice (an accumulation that repeats a "
                                    "micro-batch or a shard?)")
+        if self._merges_partial_extrema(op, r):
+            return "no-relation", (f"merges partial {k}ima with an elementwise {k}; the rules do not "
+                                   f"prove such a merge yet (an unsupported pattern, not necessarily "
+                                   f"a bug): a p{k} over the ranks holding the other ranges "
+                                   f"completes each partial {k}")
         if (k in ir.ELEMENTWISE_NONLINEAR_UNARY or k in ir.ELEMENTWISE_NONLINEAR_BINARY
                 or k in ir.ELEMENTWISE_NARY) and any(partial):
             return "nonlinear-on-partial", "nonlinear op applied to a partial sum: reduce first"
@@ -270,6 +278,15 @@ class Judge:
             if all(offs) and not set.intersection(*offs):
                 return "operand-mismatch", "operands hold different blocks of the sequential values"
         return "no-relation", ""
+
+    def _merges_partial_extrema(self, op: Op, rank: int) -> bool:
+        """op is an elementwise max (min) with a partial max (min) operand and no operand
+        that is a partial of another reducer: the merge of an online max, not a misuse."""
+        if op.kind not in ("max", "min"):
+            return False
+        tags = [v.partial for t in op.inputs for v in self.by_dist.get((t, rank), [])
+                if v.partial is not None]
+        return bool(tags) and all(p.reducer_name == op.kind for p in tags)
 
     @staticmethod
     def _overlapping_terms(a: list[ViewFact], b: list[ViewFact]) -> bool:

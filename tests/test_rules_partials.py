@@ -140,6 +140,47 @@ def test_sub_of_adjacent_ranges_or_add_of_a_nonzero_splat_has_no_view():
     assert vset(out, ys, minus_zero, 1) == {((0, 0), Partial(0, sop, 0, 4, 6), UNIT)}
 
 
+# ---------------------------------------------------------------- partial maxima (diagnosis)
+
+def _partial_maxima(t: Tiny):
+    """seq m = max(x, axis 1); rank r holds columns 4r..4r+3 and takes the max of each half."""
+    xs, xd = t.input((3, 8), (None, "x"))
+    ms = t.sop("reduce_max", [xs], (3,), axes=(1,))
+    halves = []
+    for a in (0, 2):
+        xa = t.dop("slice", [xd], (3, 2), start_indices=(0, a), limit_indices=(3, a + 2), strides=None)
+        halves.append(t.dop("reduce_max", [xa], (3,), axes=(1,)))
+    return ms, halves
+
+
+def test_merging_partial_maxima_is_reported_as_unsupported_not_as_a_missing_all_reduce():
+    t = Tiny()
+    ms, halves = _partial_maxima(t)
+    md = t.dop("max", halves, (3,))
+    mx = t.dop("all_reduce", [md], (3,), reducer="max", groups=[[0, 1]])
+    t.output(ms, mx)
+    out = t.run()
+    assert not out.result.verified
+    first = out.result.failures[0]
+    assert first.op == "max" and first.kind == "no-relation"
+    assert "merges partial maxima with an elementwise max" in first.reason
+    assert all("missing all-reduce" not in f.message for f in out.result.failures)
+
+
+def test_a_partial_max_never_reduced_asks_for_a_pmax():
+    t = Tiny()
+    xs, xd = t.input((3, 8), (None, "x"))
+    ms = t.sop("reduce_max", [xs], (3,), axes=(1,))
+    md = t.dop("reduce_max", [xd], (3,), axes=(1,))   # the max of the local columns only
+    ys = t.sop("mul", [ms, t.sconst(2.0, (3,))], (3,))
+    yd = t.dop("mul", [md, t.dconst(2.0, (3,))], (3,))
+    t.output(ys, yd)
+    out = t.run()
+    first = out.result.failures[0]
+    assert first.kind == "unreduced-partial" and first.op == "reduce_max"
+    assert first.reason.endswith("add the missing all-reduce with max (pmax)")
+
+
 # ---------------------------------------------------------------- two partial contracted dims
 
 def _kv_dot(mesh_shape, o_spec, w_spec):
