@@ -12,7 +12,8 @@ from typing import Any, Callable
 import numpy as np
 
 from dlverify.errors import InputError
-from dlverify.frontends.jaxpr import loops, primitives, scatter  # noqa: F401 - register the exporters
+from dlverify.frontends.jaxpr import loops, primitives, scatter, shard_map  # noqa: F401 - register the exporters
+from dlverify.frontends.jaxpr.shard_map import find_mesh
 from dlverify.frontends.jaxpr.walk import _OWN_FILES, Ctx, _dtype, walk
 from dlverify.ir import Graph, GraphBuilder, IdAllocator, Mesh
 from dlverify.problem import Problem
@@ -30,9 +31,11 @@ def _avals_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
                  else a for a in args)
 
 
-def _find_shard_map(jaxpr: Any) -> tuple[Any, dict[Any, int]]:
+def _find_shard_map(jaxpr: Any) -> tuple[Any, dict[Any, int]] | None:
     """The single shard_map eqn of the (jit-inlined) top level of the dist program,
-    with a map from the vars it reads to positions of the top-level inputs."""
+    with a map from the vars it reads to positions of the top-level inputs; None
+    when the program does anything besides passing its arguments to one
+    shard_map and returning its results (see frontends/jaxpr/shard_map.py)."""
     closed = jaxpr
     j = closed.jaxpr
     pos = {v: i for i, v in enumerate(j.invars)}
@@ -42,23 +45,21 @@ def _find_shard_map(jaxpr: Any) -> tuple[Any, dict[Any, int]]:
             inner = eqns[0].params.get("jaxpr") or eqns[0].params.get("call_jaxpr")
             inner_j = inner.jaxpr if isinstance(inner, jcore.ClosedJaxpr) else inner
             if any(isinstance(a, jcore.Literal) or a not in pos for a in eqns[0].invars):
-                raise InputError("dist_fn must pass its arguments straight to shard_map")
+                return None
             pos = {iv: pos[a] for iv, a in zip(inner_j.invars, eqns[0].invars)}
             if list(eqns[0].outvars) != list(j.outvars):
-                raise InputError("dist_fn must return the outputs of shard_map unchanged")
+                return None
             j = inner_j
             continue
         sms = [e for e in eqns if e.primitive.name == "shard_map"]
         if len(eqns) != 1 or len(sms) != 1:
-            found = ", ".join(sorted({e.primitive.name for e in eqns})) or "nothing"
-            raise InputError("dist_fn must be a jax.shard_map (optionally under jax.jit) with no "
-                             f"other ops around it; its jaxpr has: {found}")
+            return None
         sm = sms[0]
         if list(sm.outvars) != list(j.outvars):
-            raise InputError("dist_fn must return the outputs of shard_map unchanged")
+            return None
         for a in sm.invars:
             if isinstance(a, jcore.Literal) or a not in pos:
-                raise InputError("dist_fn must pass its arguments straight to shard_map")
+                return None
         return sm, pos
 
 
@@ -99,7 +100,10 @@ def import_jax(seq_fn: Callable, dist_fn: Callable, args: tuple[Any, ...], name:
     seq.inputs = seq_in
     seq.outputs = walk(Ctx(sb, None, False), seq_closed, seq_in)
 
-    sm, pos = _find_shard_map(dist_closed)
+    found = _find_shard_map(dist_closed)
+    if found is None:
+        return _import_global(seq, seq_in, dist_closed, ids, name)
+    sm, pos = found
     p = sm.params
     jmesh = p["mesh"]
     mesh = Mesh(tuple(jmesh.axis_names), tuple(int(s) for s in jmesh.axis_sizes))
@@ -150,5 +154,37 @@ def import_jax(seq_fn: Callable, dist_fn: Callable, args: tuple[Any, ...], name:
                              f"{dist.tensors[dist.outputs[i]].shape}")
         outputs.append(rel)
     seq.input_names = dist.input_names = [f"in{i}" for i in range(n_top)]
+    seq.output_names = dist.output_names = [f"out{i}" for i in range(len(seq.outputs))]
+    return Problem(seq, dist, mesh, inputs, outputs, ids, [], name)
+
+
+def _import_global(seq: Graph, seq_in: list[int], dist_closed: Any, ids: IdAllocator,
+                   name: str) -> Problem:
+    """A dist_fn with work outside its shard_map: every rank runs the global code,
+    and the shard_map boundary becomes block slices and gathers
+    (frontends/jaxpr/shard_map.py); inputs and outputs are replicated."""
+    mesh = find_mesh(dist_closed)
+    if mesh is None:
+        raise InputError("dist_fn holds no jax.shard_map: nothing in it runs on several ranks")
+    dist = Graph("distributed")
+    db = GraphBuilder(dist, ids)
+    if len(dist_closed.jaxpr.invars) != len(seq_in):
+        raise InputError(f"seq_fn takes {len(seq_in)} array arguments but dist_fn takes "
+                         f"{len(dist_closed.jaxpr.invars)}")
+    dist.inputs = [db.tensor(seq.tensors[t].shape, seq.tensors[t].dtype, f"in{i}")
+                   for i, t in enumerate(seq_in)]
+    dist.outputs = walk(Ctx(db, mesh, False), dist_closed, dist.inputs)
+    if len(dist.outputs) != len(seq.outputs):
+        raise InputError(f"seq_fn returns {len(seq.outputs)} arrays but dist_fn returns "
+                         f"{len(dist.outputs)}")
+    outputs = []
+    for i, (s, d) in enumerate(zip(seq.outputs, dist.outputs)):
+        if seq.tensors[s].shape != dist.tensors[d].shape:
+            raise InputError(f"output {i}: seq_fn returns shape {seq.tensors[s].shape} but dist_fn "
+                             f"returns {dist.tensors[d].shape}")
+        outputs.append(spec_relation(seq.tensors[s].shape, (), mesh, f"output {i}"))
+    inputs = [spec_relation(seq.tensors[t].shape, (), mesh, f"argument {i}")
+              for i, t in enumerate(seq_in)]
+    seq.input_names = dist.input_names = [f"in{i}" for i in range(len(seq_in))]
     seq.output_names = dist.output_names = [f"out{i}" for i in range(len(seq.outputs))]
     return Problem(seq, dist, mesh, inputs, outputs, ids, [], name)
