@@ -240,8 +240,11 @@ class Judge:
 
     def operand_views(self, op: Op, rank: int) -> list[str]:
         """What each operand of a distributed op is related to on `rank`."""
+        prod = self.dist_prod
         return ["; ".join(self.view_text(v) for v in self.by_dist.get((t, rank), [])[:3])
-                or "no view" for t in op.inputs]
+                or ("a constant array equal to no constant of the sequential program"
+                    if t in prod and prod[t].kind == "constant" else "no view")
+                for t in op.inputs]
 
     def reason(self, op: Op, ranks: tuple[int, ...]) -> tuple[str, str]:
         """The recognised pattern (a FAILURE_KINDS key) and a plain-language reason."""

@@ -119,6 +119,7 @@ class Exporter:
                 self.add(S.SEED, *S.seed_row(seed, s, d, r, None, S.UNIT_SCALE))
                 for i, o in enumerate(offs):
                     self.add(S.SEED_OFF, seed, i, o)
+        seed = self.equal_constants(seed)
         for idx, (s, d, rel) in enumerate(zip(p.seq.outputs, p.dist.outputs, p.outputs)):
             self.add(S.OUTPUT_PAIR, s, d, idx)
             if rel is None:
@@ -126,6 +127,36 @@ class Exporter:
             for r, offs in enumerate(rel.offsets):
                 for i, o in enumerate(offs):
                     self.add(S.OUTPUT_OFF, s, d, r, i, o)
+
+    def equal_constants(self, seed: int) -> int:
+        """A distributed array constant equal, element for element, to a sequential
+        one (same shape, dtype and bytes: a rotary table, a closed-over array)
+        is that constant on every rank. Splats are matched by value (Seq_Splat,
+        Dist_Splat) instead."""
+        def key(g: Graph, op: Op) -> tuple | None:
+            v = op.params.get("value") if op.kind == "constant" else None
+            if v is None:
+                return None
+            v = np.asarray(v)
+            if v.size < 2 or np.all(v == v.flat[0]):
+                return None
+            return (g.tensors[op.output].shape, g.tensors[op.output].dtype, v.tobytes())
+        seq_consts: dict[tuple, int] = {}
+        for op in self.p.seq.ops:
+            k = key(self.p.seq, op)
+            if k is not None:
+                seq_consts.setdefault(k, op.output)
+        for op in self.p.dist.ops:
+            k = key(self.p.dist, op)
+            s = seq_consts.get(k) if k is not None else None
+            if s is None:
+                continue
+            for r in range(self.p.mesh.size):
+                seed += 1
+                self.add(S.SEED, *S.seed_row(seed, s, op.output, r, None, S.UNIT_SCALE))
+                for i in range(self.p.dist.tensors[op.output].rank):
+                    self.add(S.SEED_OFF, seed, i, 0)
+        return seed
 
     def value_facts(self, seq_fold: Folded, dist_fold: Folded) -> None:
         for f, vid in list(self.values.ids.items()):

@@ -175,6 +175,8 @@ CONCAT_OFFSET = _rel("Concat_Offset", "Operand `pos` of concatenate starts at `o
                      "concat dim; n operands in all.", "op:OpId", "pos:number", "off:number",
                      "n:number")
 IOTA_DIM = _rel("Iota_Dim", "Op is an iota counting along dim k.", "op:OpId", "k:number")
+KNOWN_CONST = _rel("Known_Const", "Op is a constant whose value is known (written in the program).",
+                   "op:OpId")
 IOTA_ALONG = _rel("Iota_Along", "Sequential tensor s holds its own index along dim k (an iota, or a "
                   "broadcast of one).", "s:TensorId", "k:number")
 DOT = _rel("Dot", "Op is dot_general with n contracting dim pairs.", "op:OpId", "n:number")

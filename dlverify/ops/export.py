@@ -141,6 +141,12 @@ def reshape_map(src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[int, i
 
 
 # ----------------------------------------------------------------- elementwise
+def constant(ex: FactSink, s: Site) -> tuple:
+    if s.op.params.get("value") is not None:
+        ex.add(S.KNOWN_CONST, s.op.id)
+    return (s.op.kind,)
+
+
 def only_signature(ex: FactSink, s: Site) -> tuple:
     """No facts of its own: the op only matches an op of the same kind."""
     return (s.op.kind,)

@@ -194,7 +194,7 @@ _KINDS: list[OpKind] = [
     _collective("all_to_all", T.all_to_all, X.all_to_all),
     _collective("collective_permute", T.collective_permute, X.collective_permute),
     # sources and opaque ops
-    OpKind("constant", NULLARY, F.SOURCE, A.NONE, E.constant, X.only_signature),
+    OpKind("constant", NULLARY, F.SOURCE, A.NONE, E.constant, X.constant),
     OpKind("axis_index", NULLARY, F.SOURCE, A.NONE, E.axis_index, X.only_signature),
     OpKind("rng_bit_generator", at_least(0), F.OPAQUE, A.NONLINEAR, None, X.only_signature),
     OpKind("custom_call", at_least(0), F.OPAQUE, A.NONLINEAR, None, X.only_signature),
