@@ -1,7 +1,7 @@
 """Layer stacks and gradient accumulation written as loops (`lax.scan`,
 `lax.fori_loop`, `lax.while_loop`), as MaxText-style JAX models write them.
 
-A stack of L residual Megatron MLP blocks, x <- x + gelu(x @ w1[l]) @ w2[l],
+A stack of L residual Megatron MLP blocks, x <- x + tanh(gelu(x @ w1[l]) @ w2[l] + b2[l]),
 with the per-layer weights stacked on a leading dim: w1 [L, D, F] split on F,
 w2 [L, F, D] split on F over 'tp'. The scan carries the residual stream; each
 iteration reads its layer's slice of the stacked weights. Training takes the
@@ -43,11 +43,11 @@ def _tp(local_fn, out_specs=P(), check_vma=True):
 # ---------------------------------------------------------- the layer stack
 
 def block_seq(x, w1, w2, b2):
-    return x + jax.nn.gelu(x @ w1) @ w2 + b2
+    return x + jnp.tanh(jax.nn.gelu(x @ w1) @ w2 + b2)
 
 
 def block_local(x, w1, w2, b2):
-    return x + jax.lax.psum(jax.nn.gelu(x @ w1) @ w2, "tp") + b2
+    return x + jnp.tanh(jax.lax.psum(jax.nn.gelu(x @ w1) @ w2, "tp") + b2)
 
 
 def stack_seq(x, w1, w2, b2):
@@ -91,7 +91,7 @@ def while_stack_forward():
 
 
 def _loss(stack):
-    return lambda x, w1, w2, b2: jnp.sum(stack(x, w1, w2, b2) ** 2)
+    return lambda x, w1, w2, b2: jnp.mean(stack(x, w1, w2, b2) ** 2)
 
 
 def train_seq(x, w1, w2, b2):
@@ -112,12 +112,11 @@ def scan_stack_training():
 
 # --------------------------------------------------------------- buggy twins
 
-def block_local_missing_psum(x, w1, w2, b2):
-    return x + jax.nn.gelu(x @ w1) @ w2 + b2  # BUG: missing psum over 'tp' inside the scanned block
-
-
 def stack_local_missing_psum(x, w1, w2, b2):
-    return jax.lax.scan(lambda h, w: (block_local_missing_psum(h, *w), None), x, (w1, w2, b2))[0]
+    def block(h, w):
+        w1, w2, b2 = w
+        return h + jnp.tanh(jax.nn.gelu(h @ w1) @ w2 + b2), None  # BUG: missing psum over 'tp' inside the scanned block
+    return jax.lax.scan(block, x, (w1, w2, b2))[0]
 
 
 @dlverify.case
@@ -127,13 +126,11 @@ def scan_stack_bug_missing_psum():
         expect="bug", description="The scanned TP stack without the psum after the row-parallel matmul")
 
 
-def block_local_bias_before_psum(x, w1, w2, b2):
-    return x + jax.lax.psum(jax.nn.gelu(x @ w1) @ w2 + b2, "tp")  # BUG: bias added before the psum
-
-
 def fori_stack_local_bias_before_psum(x, w1, w2, b2):
-    return jax.lax.fori_loop(
-        0, LAYERS, lambda i, h: block_local_bias_before_psum(h, w1[i], w2[i], b2[i]), x)
+    def block(i, h):
+        partial = jax.nn.gelu(h @ w1[i]) @ w2[i]
+        return h + jnp.tanh(jax.lax.psum(partial + b2[i], "tp"))  # BUG: bias added before the psum
+    return jax.lax.fori_loop(0, LAYERS, block, x)
 
 
 @dlverify.case
