@@ -257,14 +257,14 @@ class Judge:
             return "partial-plus-complete", ("adds a complete value to a partial sum, so it is "
                                              "counted once per rank: add it after the reduction")
         if k == "add" and len(ins) == 2 and all(partial) and self._overlapping_terms(ins[0], ins[1]):
-            return "no-relation", ("adds partial terms of overlapping ranges of one sum, so those "
-                                   "terms are counted twice (an accumulation that repeats a "
-                                   "micro-batch or a shard?)")
+            return "double-counted-terms", ("adds partial terms of overlapping ranges of one sum, "
+                                            "so those terms are counted twice (an accumulation "
+                                            "that repeats a micro-batch or a shard?)")
         if self._merges_partial_extrema(op, r):
-            return "no-relation", (f"merges partial {k}ima with an elementwise {k}; the rules do not "
-                                   f"prove such a merge yet (an unsupported pattern, not necessarily "
-                                   f"a bug): a p{k} over the ranks holding the other ranges "
-                                   f"completes each partial {k}")
+            return "unproved-extrema-merge", (
+                f"merges partial {k}ima with an elementwise {k}; the rules do not prove such a "
+                f"merge yet (an unsupported pattern, not necessarily a bug): a p{k} over the "
+                f"ranks holding the other ranges completes each partial {k}")
         if (k in ir.ELEMENTWISE_NONLINEAR_UNARY or k in ir.ELEMENTWISE_NONLINEAR_BINARY
                 or k in ir.ELEMENTWISE_NARY) and any(partial):
             return "nonlinear-on-partial", "nonlinear op applied to a partial sum: reduce first"
@@ -283,13 +283,13 @@ class Judge:
         return "no-relation", ""
 
     def _merges_partial_extrema(self, op: Op, rank: int) -> bool:
-        """op is an elementwise max (min) with a partial max (min) operand and no operand
-        that is a partial of another reducer: the merge of an online max, not a misuse."""
-        if op.kind not in ("max", "min"):
+        """op is an elementwise max (min) of two partial maxima (minima): the merge of an
+        online max, not a misuse (max(m, -inf) of one partial max is not a merge)."""
+        if op.kind not in ("max", "min") or len(op.inputs) != 2:
             return False
-        tags = [v.partial for t in op.inputs for v in self.by_dist.get((t, rank), [])
-                if v.partial is not None]
-        return bool(tags) and all(p.reducer_name == op.kind for p in tags)
+        ins = [self.by_dist.get((t, rank), []) for t in op.inputs]
+        return all(vs and all(v.partial is not None and v.partial.reducer_name == op.kind
+                              for v in vs) for vs in ins)
 
     @staticmethod
     def _overlapping_terms(a: list[ViewFact], b: list[ViewFact]) -> bool:

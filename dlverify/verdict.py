@@ -86,6 +86,8 @@ FAILURE_KINDS = {
     "scale-mismatch": "an output is a constant multiple of the sequential output",
     "wrong-block": "an output holds another block than its output relation requires",
     "sequential-frontier": "a sequential op whose output no distributed value matches",
+    "double-counted-terms": "partial terms of overlapping ranges of one sum are added",
+    "unproved-extrema-merge": "partial maxima (minima) merged by an elementwise max (min): not proved yet",
 }
 
 

@@ -164,7 +164,7 @@ def _two_axis_terms(order, mesh_shape=(2, 2), k=16):
 
 def test_reduce_scatter_over_the_inner_axis_leaves_the_union_range_that_the_outer_completes():
     # HSDP: rank (a, b) holds range 2a + b; reduce-scatter over b, then all-reduce over a
-    t, mesh, ys, yd, sop, local = _two_axis_terms(("a", "b"))
+    t, mesh, ys, yd, sop, _ = _two_axis_terms(("a", "b"))
     rs = t.dop("reduce_scatter", [yd], (2, 5), dimension=0, reducer="sum", groups=mesh.groups(("b",)))
     ar = t.dop("all_reduce", [rs], (2, 5), reducer="sum", groups=mesh.groups(("a",)))
     t.output(ys, ar, ("b", None))
@@ -179,7 +179,7 @@ def test_reduce_scatter_over_the_inner_axis_leaves_the_union_range_that_the_oute
 def test_all_reduce_over_the_outer_axis_first_gives_terms_of_its_groups_sums():
     # psum(psum(y, "a"), "b"): group g = b of the first all-reduce holds ranges b and 2 + b,
     # interleaved; its result is term g of the family of the groups' sums
-    t, mesh, ys, yd, sop, local = _two_axis_terms(("a", "b"))
+    t, mesh, ys, yd, _, _ = _two_axis_terms(("a", "b"))
     first = t.dop("all_reduce", [yd], (4, 5), reducer="sum", groups=mesh.groups(("a",)))
     first_op = t.dist.ops[-1].id
     second = t.dop("all_reduce", [first], (4, 5), reducer="sum", groups=mesh.groups(("b",)))
@@ -215,7 +215,7 @@ def test_three_level_reduction_over_a_2x2x2_mesh():
 
 
 def test_two_level_reduction_that_reduces_one_axis_twice_does_not_complete():
-    t, mesh, ys, yd, sop, _ = _two_axis_terms(("a", "b"))
+    t, mesh, ys, yd, _, _ = _two_axis_terms(("a", "b"))
     first = t.dop("all_reduce", [yd], (4, 5), reducer="sum", groups=mesh.groups(("a",)))
     again = t.dop("all_reduce", [first], (4, 5), reducer="sum", groups=mesh.groups(("a",)))
     out = t.run()
@@ -225,7 +225,7 @@ def test_two_level_reduction_that_reduces_one_axis_twice_does_not_complete():
 def test_groups_sums_need_every_rank_to_hold_a_distinct_range():
     # the contraction split over "a" only (replicated over "b"): an all-reduce over "a"
     # completes it; over "b" the members hold the same range twice: nothing
-    t, mesh, ys, yd, sop, _ = _two_axis_terms("a")
+    t, mesh, ys, yd, _, _ = _two_axis_terms("a")
     over_b = t.dop("all_reduce", [yd], (4, 5), reducer="sum", groups=mesh.groups(("b",)))
     out = t.run()
     assert out.views(ys, over_b) == []
@@ -256,7 +256,7 @@ def test_groups_of_different_sizes_give_no_groups_sums():
     # rank (a, b) holds range b of 2. With groups [[0], [1, 2, 3]] the slots 0 (rank 0)
     # and 1 (rank 1) tile the range, but group 1 also sums ranks 2 and 3: its result
     # is no term of a family whose total is the sequential value
-    t, mesh, ys, yd, sop, _ = _two_axis_terms("b")
+    t, _, ys, yd, _, _ = _two_axis_terms("b")
     odd = t.dop("all_reduce", [yd], (4, 5), reducer="sum", groups=[[0], [1, 2, 3]])
     out = t.run()
     assert out.views(ys, odd, 0) and out.views(ys, odd, 1) == []
