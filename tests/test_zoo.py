@@ -243,6 +243,34 @@ def test_second_run_is_served_from_the_cache(zoo_run):
     assert raised.from_cache == 0 and raised.results[0].error_kind == "input_error"
 
 
+def test_manifest_of_hlo_pairs_and_a_dump_folder(tmp_path):
+    data = Path(__file__).resolve().parent / "data"
+    manifest = write(tmp_path, "zoo.toml", textwrap.dedent(f'''\
+        [[hlo]]
+        seq = "{data}/mutants/jax_flatten_seq.hlo"
+        dist = "{data}/mutants/jax_flatten_dist.hlo"
+
+        [[hlo]]
+        seq = "{data}/mutants/jax_flatten_seq.hlo"
+        dist = "{data}/mutants/jax_flatten_wrong_gather_dim.hlo"
+        expect = "bug"
+
+        [[dumps]]
+        path = "{data}/hostile/dumps/good"
+        '''))
+    run = run_zoo(entries_of([str(manifest)]), options(tmp_path))
+    assert [(r.kind, r.status) for r in run.results] == [
+        ("hlo", "ok"), ("hlo", "expected"), ("dump", "ok"), ("dump", "ok")]
+    assert run.results[0].id == "jax_flatten_seq.hlo vs jax_flatten_dist.hlo"
+    assert run.results[0].detail.assumptions  # the relation taken from the sharding annotation
+    bug = run.results[1].detail
+    assert bug.first_failure.startswith("all_gather at jax_flatten_wrong_gather_dim.hlo:25")
+    assert bug.svg.startswith("<svg")
+    assert run.results[2].id.startswith(f"{data}/hostile/dumps/good::module_0001.jit_f")
+    assert run.code == 0
+    assert run_zoo(entries_of([str(manifest)]), options(tmp_path)).from_cache == 4
+
+
 def test_cache_misses_when_the_file_or_a_helper_module_changes(tmp_path):
     write(tmp_path, "zoo_helper_mod.py", "FACTOR = 2.0\n")
     path = tiny(tmp_path, extra_import="from zoo_helper_mod import FACTOR  # noqa: F401")
