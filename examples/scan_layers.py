@@ -8,8 +8,14 @@ iteration reads its layer's slice of the stacked weights. Training takes the
 gradient of every stacked weight through the scan (JAX's transpose of a scan
 is a reversed scan reading the stacked forward activations).
 
-Buggy twins: a missing psum inside the scanned block, and the bias added
-inside the block before the psum.
+Gradient accumulation: a linear model's batch is split over 'dp' and each
+rank's shard into micro-batches; a scan adds the micro-batches' gradients
+into a zeros buffer, the sum is divided by the micro-batch count and averaged
+over 'dp'.
+
+Buggy twins: a missing psum inside the scanned block, the bias added inside
+the block before the psum, and gradient accumulation that forgets to divide
+by the number of micro-batches.
 """
 import jax
 import jax.numpy as jnp
@@ -18,6 +24,7 @@ from jax.sharding import PartitionSpec as P
 import dlverify
 
 LAYERS, BATCH, D_MODEL, D_FF, TP = 4, 8, 16, 32, 2
+DP, MICRO, GBATCH, D_IN, D_OUT = 2, 4, 32, 8, 4
 
 
 def _stack_args():
@@ -110,6 +117,53 @@ def scan_stack_training():
         description="Gradients of every stacked weight through the scanned TP stack (TP=2)")
 
 
+# ------------------------------------------------------ gradient accumulation
+
+def _dp_args():
+    f32 = jnp.float32
+    return (
+        jax.ShapeDtypeStruct((D_IN, D_OUT), f32),    # w
+        jax.ShapeDtypeStruct((GBATCH, D_IN), f32),   # x
+        jax.ShapeDtypeStruct((GBATCH, D_OUT), f32),  # t
+    )
+
+
+def mse(w, x, t):
+    return jnp.mean((x @ w - t) ** 2)
+
+
+def accum_seq(w, x, t):
+    return jax.grad(mse)(w, x, t)
+
+
+def _accumulate(w, x, t):
+    """The sum of the micro-batches' gradients of this rank's shard."""
+    w = jax.lax.pcast(w, "dp", to="varying")
+    xs = x.reshape(MICRO, -1, D_IN)
+    ts = t.reshape(MICRO, -1, D_OUT)
+
+    def step(acc, batch):
+        return acc + jax.grad(mse)(w, *batch), None
+    return jax.lax.scan(step, jnp.zeros_like(w), (xs, ts))[0]
+
+
+def accum_local(w, x, t):
+    return jax.lax.pmean(_accumulate(w, x, t) / MICRO, "dp")
+
+
+def _dp(local_fn):
+    mesh = dlverify.host_mesh((DP,), ("dp",))
+    return jax.jit(jax.shard_map(local_fn, mesh=mesh, in_specs=(P(), P("dp"), P("dp")),
+                                 out_specs=P()))
+
+
+@dlverify.case
+def scan_grad_accumulation():
+    return dlverify.Case(
+        seq=accum_seq, dist=_dp(accum_local), args=_dp_args(), expect="verified",
+        description="Data-parallel gradient accumulated over 4 micro-batches by a scan, then pmean (DP=2)")
+
+
 # --------------------------------------------------------------- buggy twins
 
 def stack_local_missing_psum(x, w1, w2, b2):
@@ -138,3 +192,14 @@ def fori_stack_bug_bias_before_psum():
     return dlverify.Case(
         seq=stack_seq, dist=_tp(fori_stack_local_bias_before_psum), args=_stack_args(),
         expect="bug", description="The fori_loop stack with each layer's bias added on every rank before the psum")
+
+
+def accum_local_no_divide(w, x, t):
+    return jax.lax.pmean(_accumulate(w, x, t), "dp")  # BUG: the accumulated sum is not divided by MICRO
+
+
+@dlverify.case
+def scan_grad_accumulation_bug_no_divide():
+    return dlverify.Case(
+        seq=accum_seq, dist=_dp(accum_local_no_divide), args=_dp_args(), expect="bug",
+        description="Gradient accumulation that returns the sum of the micro-batch gradients, not their mean")
