@@ -8,11 +8,15 @@ reduce-scatters the gradient over 'shard' (psum_scatter) and averages it over
 'replica' (pmean): a partial sum over the ranks of 'shard', reduced over
 'shard', is still a partial sum over 'replica', which pmean completes.
 
-Also the plain two-level all-reduce psum(psum(g, 'replica'), 'shard') of a
-gradient whose batch is sharded over both axes (the outer axis reduced first).
+The same by autodiff: the gradient of the local w shard, where JAX inserts the
+reduce-scatter over 'shard' (the transpose of all_gather) and the sum over
+'replica' (w is invariant over it). Also the plain two-level all-reduce
+psum(psum(g, 'replica'), 'shard') of a gradient whose batch is sharded over
+both axes (the outer axis reduced first).
 
 Buggy twins: the second level averages over 'shard' again (the replicas are
-never combined), and the two-level psum that reduces 'replica' twice.
+never combined), the autodiff gradient divided by the 'shard' size only, and
+the two-level psum that reduces 'replica' twice.
 """
 import jax
 import jax.numpy as jnp
@@ -89,6 +93,44 @@ def hsdp_bug_second_level_wrong_axis():
     return dlverify.Case(
         seq=grad_seq, dist=_hsdp(hsdp_local_second_level_wrong_axis), args=_args(), expect="bug",
         description="HSDP gradient whose second reduction runs over 'shard' instead of 'replica'")
+
+
+# ------------------------------------ HSDP by autodiff: the gradient of the local w shard
+
+def _hsdp_vma(local_fn):
+    batch = P(("replica", "shard"))
+    return jax.jit(jax.shard_map(local_fn, mesh=_mesh(), in_specs=(P("shard"), batch, batch),
+                                 out_specs=P("shard")))
+
+
+def hsdp_autodiff_local(w, x, t):
+    def local_loss(w_shard):
+        return mse(jax.lax.all_gather(w_shard, "shard", axis=0, tiled=True), x, t)
+    # the transpose of all_gather is a psum_scatter over 'shard'; w is invariant over
+    # 'replica', so autodiff also sums the cotangent over 'replica'
+    return jax.grad(local_loss)(w) / (R * S)
+
+
+@dlverify.case
+def hsdp_autodiff():
+    return dlverify.Case(
+        seq=grad_seq, dist=_hsdp_vma(hsdp_autodiff_local), args=_args(), expect="verified",
+        description="HSDP gradient of the local w shard by autodiff (reductions inserted by JAX), / R*S")
+
+
+def hsdp_autodiff_local_divides_by_shard(w, x, t):
+    """Bug: autodiff summed the local mean-loss gradients over both axes, but the sum
+    is divided by the 'shard' size only: R times the full-batch gradient."""
+    def local_loss(w_shard):
+        return mse(jax.lax.all_gather(w_shard, "shard", axis=0, tiled=True), x, t)
+    return jax.grad(local_loss)(w) / S  # BUG: the gradient is summed over both axes; divide by R * S
+
+
+@dlverify.case
+def hsdp_bug_autodiff_divides_by_shard_only():
+    return dlverify.Case(
+        seq=grad_seq, dist=_hsdp_vma(hsdp_autodiff_local_divides_by_shard), args=_args(),
+        expect="bug", description="HSDP gradient by autodiff divided by the 'shard' size only")
 
 
 # ------------------------------------ two-level all-reduce, the outer mesh axis first
