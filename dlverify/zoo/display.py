@@ -15,11 +15,19 @@ from dlverify.zoo.results import ItemResult
 RECENT = 5  # finished items the live table keeps
 
 
-def status_line(r: ItemResult) -> str:
-    head = r.lines[0] if r.lines else f"{r.status}  {r.id}"
-    if r.kind == "case" and r.status != "error":  # the case's line names the case only
-        head = head.replace(f" {r.name} ", f" {r.id} ", 1)
-    return head + ("  (cached)" if r.cached else "")
+def status_lines(r: ItemResult) -> list[str]:
+    """The item's line, as check-jax writes a case's (the same words for every
+    kind of item), and for a mismatch its first failure."""
+    cached = "  (cached)" if r.cached else ""
+    if r.status == "error":
+        return [f"ERROR     {r.id}: {r.error}{cached}"]
+    got = "verified" if r.verdict == "verified" else "not verified"
+    word, phrase = {"ok": ("ok", got), "expected": ("expected", "bug found as expected"),
+                    "mismatch": ("MISMATCH", f"{got} (expected {r.expect})")}[r.status]
+    lines = [f"{word:<9} {r.id}  {phrase}  {r.seconds:.2f}s{cached}"]
+    if r.status == "mismatch" and r.detail.first_failure:
+        lines.append(f"  {r.detail.first_failure}")
+    return lines
 
 
 class LineDisplay:
@@ -42,7 +50,8 @@ class LineDisplay:
         # Called from the run's main thread only; not under the lock: a line
         # printed above the live area refreshes it, which takes the lock.
         for r in results:
-            self.echo(status_line(r))
+            for line in status_lines(r):
+                self.echo(line)
 
     def __enter__(self) -> "LineDisplay":
         return self
