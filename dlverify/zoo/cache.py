@@ -5,7 +5,9 @@ the contents of its input files (a case file, the HLO files, spec and
 custom-call registry, every file of a dump folder), the case name and
 expectation, the rule set (`memo.rules_hash`, as the segment memo keys it),
 dlverify's version and the hash of its own source files (an editable install
-keeps its version number across edits), the engine and Python's version. A
+keeps its version number across edits), the versions of JAX, jaxlib and
+clingo, the engine and Python's version. Files a case reads at run time
+(data, not imported modules) are not seen: --no-cache after changing them. A
 cached entry also records the Python files the item imported from outside
 the environment (helper modules of a case file) with their hashes: a hit
 needs every one unchanged. Only verdicts are cached; an item that hit a
@@ -78,16 +80,18 @@ def salt(engine: str) -> str:
     from dlverify.memo import rules_hash
 
     main_dl = Path(str(resources.files("dlverify.datalog").joinpath("main.dl")))
-    try:
-        version = metadata.version("dlverify")
-    except metadata.PackageNotFoundError:
-        version = "unknown"
+    versions = []
+    for dist in ("dlverify", "jax", "jaxlib", "clingo"):  # the frontends trace with JAX
+        try:
+            versions.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            versions.append(f"{dist} unknown")
     code: list[bytes | str] = []
     for root in code_roots():
         for p in sorted(root.rglob("*")):
             if p.suffix in (".py", ".toml", ".json") and "__pycache__" not in p.parts:
                 code += [str(p.relative_to(root)), p.read_bytes()]
-    return digest_bytes(f"format {FORMAT}", rules_hash(main_dl), version, digest_bytes(*code),
+    return digest_bytes(f"format {FORMAT}", rules_hash(main_dl), *versions, digest_bytes(*code),
                         engine, f"{sys.version_info[:2]}")
 
 
