@@ -11,7 +11,7 @@ from dlverify import ir
 from dlverify import schema as S
 from dlverify.ir import Graph, Op
 from dlverify.outputs import infer_output_relation
-from dlverify.partial_tags import GROUP_BASE
+from dlverify.partial_tags import GROUP_BASE, group_class
 from dlverify.problem import Problem
 from dlverify.relations import BlockRelation
 from dlverify.verdict import (UNIT_SCALE, Failure, ViewFact, fmt_offsets, parse_views, scale_value,
@@ -84,9 +84,11 @@ class Judge:
         text = f"block {fmt_offsets(v.offsets, shape)} of {self.seq_desc(v.seq)}"
         if v.partial is not None:
             red = v.partial.reducer_name
-            if v.partial.axis > GROUP_BASE:   # the family of a collective's groups
-                text = (f"partial {red} (the {red} over group {v.partial.lo} of the "
-                        f"{v.partial.axis - GROUP_BASE} groups of "
+            if v.partial.axis > GROUP_BASE:   # the family of a class of a collective's groups
+                cls = group_class(v.partial.axis)
+                group = cls.first + v.partial.lo * cls.stride
+                text = (f"partial {red} (the {red} over group {group} of the {cls.count} groups "
+                        f"{cls.first}, {cls.first + cls.stride}, ... of "
                         f"{self.op_desc(self.dist_ops[v.partial.op])}) of " + text)
             else:
                 text = (f"partial {red} (range [{v.partial.lo}:{v.partial.hi}) of reduced dim "

@@ -17,11 +17,14 @@ complete it. The families (datalog/partials.dl, datalog/update.dl):
 - WINDOW_BASE + k: `op` is a sequential dynamic_update_slice into zeros writing
   at `start` along k; F(i), i below the update's size, is its output masked to
   index start + i along k;
-- GROUP_BASE + k: `op` is a distributed collective with k groups whose members'
-  operands, visited as slots (member q of group g is slot q * k + g), tile the
-  range of one family; F(g) is the reduction over group g (collectives.dl).
+- GROUP_BASE + (g0 * RADIX + t) * RADIX + m: `op` is a distributed collective and
+  its groups g0, g0 + t, ..., g0 + (m-1) t a class whose members' operands, visited
+  as slots (member q of the j-th group is slot q * m + j), tile the range of one
+  family; F(j) is the reduction over the j-th group (collectives.dl).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from dlverify import schema as S
 from dlverify.ir import Graph
@@ -32,6 +35,7 @@ ADD_BASE = S.TAG_ADD_BASE
 MASK_BASE = S.TAG_MASK_BASE
 WINDOW_BASE = S.TAG_WINDOW_BASE
 GROUP_BASE = S.TAG_GROUP_BASE
+GROUP_RADIX = S.TAG_GROUP_RADIX
 PAIR = S.TAG_PAIR   # axes encoded in pairs are below this
 
 
@@ -47,7 +51,7 @@ def full_size(seq: Graph, op_id: int, axis: int) -> int:
     """The number of terms of the family (op, axis): of the sequential graph, or
     (GROUP_BASE) of a collective's groups, whose count the axis holds."""
     if axis > GROUP_BASE:
-        return axis - GROUP_BASE
+        return group_class(axis).count
     op = _op(seq, op_id)
     if axis >= WINDOW_BASE:
         return seq.tensors[op.inputs[1]].shape[axis - WINDOW_BASE]
@@ -62,3 +66,24 @@ def full_size(seq: Graph, op_id: int, axis: int) -> int:
     shape = seq.tensors[op.inputs[0]].shape
     dims = op.params["lhs_contract"] if op.kind == "dot_general" else op.params["axes"]
     return shape[dims[axis]]
+
+
+@dataclass(frozen=True)
+class GroupClass:
+    """The class of groups a GROUP_BASE tag axis names: `count` groups from `first`, `stride` apart."""
+
+    first: int
+    stride: int
+    count: int
+
+
+def group_axis(first: int, stride: int, count: int) -> int:
+    """The tag axis of the family of sums over the class (first, stride, count)."""
+    return GROUP_BASE + (first * GROUP_RADIX + stride) * GROUP_RADIX + count
+
+
+def group_class(axis: int) -> GroupClass:
+    """The class of groups a GROUP_BASE tag axis names."""
+    rest, count = divmod(axis - GROUP_BASE, GROUP_RADIX)
+    first, stride = divmod(rest, GROUP_RADIX)
+    return GroupClass(first, stride, count)

@@ -317,8 +317,9 @@ REDUCER_SUM_CONST = REDUCER_CONSTANTS[REDUCER_SUM]
 # The `axis` field of a partial tag names the family of terms (dlverify/partial_tags.py):
 # below TAG_FLAT_BASE a reduced axis; above, pairs of axes (each below TAG_PAIR) or a dim.
 TAG_FLAT_BASE, TAG_ADD_BASE, TAG_MASK_BASE, TAG_WINDOW_BASE, TAG_PAIR = 1000, 2000, 3000, 4000, 32
-# Above TAG_GROUP_BASE: the groups of a collective (the tag's op), GROUP_BASE + their count.
-TAG_GROUP_BASE = 100000
+# Above TAG_GROUP_BASE: a class of groups of a collective (the tag's op): GROUP_BASE +
+# (first * RADIX + stride) * RADIX + count (dlverify/partial_tags.py).
+TAG_GROUP_BASE, TAG_GROUP_RADIX = 100000, 1024
 TAG_CONSTANTS = (
     _const("Tag_FlatBase", "base:number", TAG_FLAT_BASE,
            "Tag axis base: a dot_general's two partial contracted pairs, flattened."),
@@ -330,7 +331,9 @@ TAG_CONSTANTS = (
            "Tag axis base: a sequential dynamic_update_slice's window along a dim."),
     _const("Tag_Pair", "m:number", TAG_PAIR, "Axes encoded in pairs in a tag axis are below m."),
     _const("Tag_GroupBase", "base:number", TAG_GROUP_BASE,
-           "Tag axis base: the sums over the groups of a collective, base + the number of groups."),
+           "Tag axis base: the sums over a class of groups of a collective."),
+    _const("Tag_GroupRadix", "k:number", TAG_GROUP_RADIX,
+           "A class of groups in a tag axis: its first group, stride and count are below k."),
 )
 
 RULE_FAMILIES: tuple[RuleFamily, ...] = (
