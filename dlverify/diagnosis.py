@@ -11,7 +11,7 @@ from dlverify import ir
 from dlverify import schema as S
 from dlverify.ir import Graph, Op
 from dlverify.outputs import infer_output_relation
-from dlverify.partial_tags import GROUP_BASE, group_class
+from dlverify.partial_tags import GROUP_BASE, full_size, group_class
 from dlverify.problem import Problem
 from dlverify.relations import BlockRelation
 from dlverify.verdict import (UNIT_SCALE, Failure, ViewFact, fmt_offsets, parse_views, scale_value,
@@ -154,7 +154,8 @@ class Judge:
         for op_id in sorted(dist_ops, key=order.__getitem__):
             op = self.dist_ops[op_id]
             ranks = tuple(sorted(self.dist_frontier[op_id]))
-            never = self._unreduced_partial(op, ranks[0], reduced_later)
+            never = (self._unreduced_partial(op, ranks[0], reduced_later)
+                     or self._missing_terms(op, ranks[0]))
             if never is not None:
                 out.append(never)
                 continue
@@ -222,6 +223,46 @@ class Judge:
                                    "distributed", at.loc.frames, (rank,), reason,
                                    "unreduced-partial", {rank: self.operand_views(op, rank)})
         return None
+
+    def _missing_terms(self, op: Op, rank: int) -> Failure | None:
+        """A reducing collective whose operand's partial terms, over all ranks, leave some
+        terms of the sum held by no rank: those terms were never computed (a dropped
+        micro-batch or shard), so the bug is where the partial terms were made."""
+        if op.kind not in ("all_reduce", "reduce_scatter") or not op.inputs:
+            return None
+        x = op.inputs[0]
+        mine = [v for v in self.by_dist.get((x, rank), []) if v.partial is not None]
+        if not mine:
+            return None
+        v = mine[0]
+
+        def family(w: ViewFact) -> tuple:
+            return (w.seq, w.offsets, w.scale, w.partial.reducer, w.partial.op, w.partial.axis)
+
+        held = sorted({(w.partial.lo, w.partial.hi) for r in range(self.p.mesh.size)
+                       for w in self.by_dist.get((x, r), [])
+                       if w.partial is not None and family(w) == family(v)})
+        gaps, pos = [], 0
+        for lo, hi in held:
+            if lo > pos:
+                gaps.append((pos, lo))
+            pos = max(pos, hi)
+        full = full_size(self.p.seq, v.partial.op, v.partial.axis)
+        if pos < full:
+            gaps.append((pos, full))
+        if not gaps:
+            return None
+        origin = self.origin(x, rank, [v]) or op
+        red = v.partial.reducer_name
+        missing = ", ".join(f"[{lo}:{hi})" for lo, hi in gaps)
+        reason = (f"no rank holds the terms {missing} of the partial {red} that {op.kind} at "
+                  f"{short_path(op.loc.file)}:{op.loc.line} reduces: they were never computed "
+                  f"(a dropped micro-batch or shard?)")
+        msg = (f"{origin.kind} produces a partial {red} on rank {rank} ({self.view_text(v)}), "
+               f"but {reason}")
+        return Failure(origin.kind, origin.loc.file, origin.loc.line, msg, "distributed",
+                       origin.loc.frames, (rank,), reason, "missing-terms",
+                       {rank: self.operand_views(op, rank)})
 
     def _split_by_data_movement(self, reducer: Op) -> Op | None:
         """The collective or slice that produced the operand of `reducer` (through

@@ -88,6 +88,7 @@ FAILURE_KINDS = {
     "sequential-frontier": "a sequential op whose output no distributed value matches",
     "double-counted-terms": "partial terms of overlapping ranges of one sum are added",
     "unproved-extrema-merge": "partial maxima (minima) merged by an elementwise max (min): not proved yet",
+    "missing-terms": "a reduction's partial terms leave some terms held by no rank (never computed)",
 }
 
 

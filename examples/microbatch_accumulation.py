@@ -8,8 +8,13 @@ micro-batch gradient is a partial sum over its rows; adding the terms of
 adjacent row ranges gives the partial sum over the rank's whole shard, and
 zeros + partial = partial.
 
-Buggy twins: every step differentiates the first micro-batch (it is counted
-M times, the others never), and the accumulated sum not divided by M.
+The same accumulation written with lax.scan and with lax.fori_loop (the loops
+are unrolled into the trace).
+
+Buggy twins: a scan step that replaces the accumulator instead of adding to it
+(only the last micro-batch trains), every step differentiating the first
+micro-batch (it is counted M times, the others never), and the accumulated sum
+not divided by M.
 """
 import jax
 import jax.numpy as jnp
@@ -57,6 +62,58 @@ def microbatch_accumulation():
     return dlverify.Case(
         seq=grad_seq, dist=_dist(accumulate_local), args=_args(), expect="verified",
         description="data-parallel MSE gradient accumulated over 2 micro-batches, then pmean; DP=2")
+
+
+def accumulate_scan_local(w, x, t):
+    xs, ts = x.reshape(M, MB, D_IN), t.reshape(M, MB, D_OUT)
+
+    def step(g, batch):
+        return g + jax.grad(mse)(w, *batch), None
+
+    g, _ = jax.lax.scan(step, jnp.zeros_like(w), (xs, ts))
+    return jax.lax.pmean(g / M, "dp")
+
+
+@dlverify.case
+def microbatch_accumulation_scan():
+    return dlverify.Case(
+        seq=grad_seq, dist=_dist(accumulate_scan_local), args=_args(), expect="verified",
+        description="data-parallel MSE gradient accumulated over 2 micro-batches by lax.scan, then pmean")
+
+
+def accumulate_fori_local(w, x, t):
+    def step(i, g):
+        xb = jax.lax.dynamic_slice_in_dim(x, i * MB, MB)
+        tb = jax.lax.dynamic_slice_in_dim(t, i * MB, MB)
+        return g + jax.grad(mse)(w, xb, tb)
+
+    return jax.lax.pmean(jax.lax.fori_loop(0, M, step, jnp.zeros_like(w)) / M, "dp")
+
+
+@dlverify.case
+def microbatch_accumulation_fori():
+    return dlverify.Case(
+        seq=grad_seq, dist=_dist(accumulate_fori_local), args=_args(), expect="verified",
+        description="gradient accumulation by fori_loop with dynamic_slice micro-batches, then pmean")
+
+
+def accumulate_scan_local_last_only(w, x, t):
+    """Bug (NVIDIA-NeMo/Automodel PR #3530: the gradient reset between micro-batches):
+    each step replaces the accumulator, so only the last micro-batch trains."""
+    xs, ts = x.reshape(M, MB, D_IN), t.reshape(M, MB, D_OUT)
+
+    def step(g, batch):
+        return jax.grad(mse)(w, *batch), None  # BUG: the accumulated g is dropped, not added to
+
+    g, _ = jax.lax.scan(step, jnp.zeros_like(w), (xs, ts))
+    return jax.lax.pmean(g / M, "dp")
+
+
+@dlverify.case
+def microbatch_bug_last_microbatch_only():
+    return dlverify.Case(
+        seq=grad_seq, dist=_dist(accumulate_scan_local_last_only), args=_args(), expect="bug",
+        description="scan gradient accumulation that keeps only the last micro-batch's gradient")
 
 
 def accumulate_local_first_microbatch(w, x, t):

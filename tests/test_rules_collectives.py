@@ -274,14 +274,28 @@ def test_partial_maxima_reduced_over_two_axes():
 
 
 def test_groups_of_different_sizes_give_no_groups_sums():
-    # rank (a, b) holds range b of 2. With groups [[0], [1, 2, 3]] the slots 0 (rank 0)
-    # and 1 (rank 1) tile the range, but group 1 also sums ranks 2 and 3: its result
-    # is no term of a family whose total is the sequential value
-    t, _, ys, yd, _, _ = _two_axis_terms("b")
-    odd = t.dop("all_reduce", [yd], (4, 5), reducer="sum", groups=[[0], [1, 2, 3]])
+    # rank (a, b) of a 2x4 mesh holds range b of 4. With groups [[0, 2], [1, 3, 4], ...]
+    # the slots of the groups 0 and 1 (ranks 0, 1, 2, 3) tile the range, but group 1
+    # also sums rank 4: its result is no term of a family whose total is the sequential value
+    t = Tiny(mesh=Mesh(("a", "b"), (2, 4)))
+    ys, yd, sop, _ = matmul_terms(t, ("b", None), k=8)
+    odd = t.dop("all_reduce", [yd], (4, 5), reducer="sum", groups=[[0, 2], [1, 3, 4], [5, 6, 7]])
     out = t.run()
-    assert out.views(ys, odd, 0) and out.views(ys, odd, 1) == []
-    assert all(v.partial.axis < GROUP_BASE for v in out.views(ys, odd))
+    assert [vset(out, ys, odd, r) for r in range(5)] == [set()] * 5
+    # group [5, 6, 7] holds the adjacent ranges [2, 8): their union
+    assert [vset(out, ys, odd, r) for r in range(5, 8)] == [{((0, 0), Partial(0, sop, 0, 2, 8), UNIT)}] * 3
+
+
+def test_groups_of_one_reduce_nothing_and_leave_no_view():
+    # an all-reduce over groups of one is the identity: the partial term is not carried
+    # through, so the failure stays at the collective with the wrong groups
+    t = Tiny()
+    ys, yd, _, _ = matmul_terms(t)
+    ad = t.dop("all_reduce", [yd], (4, 5), reducer="sum", groups=[[0], [1]])
+    t.output(ys, ad)
+    out = t.run()
+    assert out.views(ys, ad) == []
+    assert (out.result.failures[0].op, out.result.failures[0].kind) == ("all_reduce", "wrong-group")
 
 
 # ---------------------------------------------------------------- all_gather
