@@ -24,19 +24,6 @@ pieces of a value that one side builds whole:
 
       slice(concat(a, b, c; k), [off_b : off_c) in k) = b
 
-* slice of reshape: a unit-stride slice of a reshape, where the reshape splits
-  (or keeps) dims and the slice cuts only the outermost dim of each split and
-  nothing of a merge, is the reshape of the matching slice of the operand
-  (row-major order within each group of dims is preserved):
-
-      slice(reshape(x: [16, 8] -> [4, 4, 8]), [i : i+1, :, :]) = reshape(x[4i : 4i+4, :])
-
-  This is how a batch split into micro-batches (one side only) meets the
-  sequential rows each micro-batch holds.
-
-* reshape of reshape: reshapes compose (both are row-major), so
-  reshape(reshape(x)) = reshape(x), and a reshape to x's own shape is x.
-
 Ops that a rewrite leaves without consumers (the replaced concatenate, a
 product whose slices now read the pieces) are removed; ops that had no
 consumers before are kept as they were.
@@ -46,7 +33,6 @@ from __future__ import annotations
 from collections import Counter
 
 from dlverify.ir import Graph, IdAllocator, Op, Tensor
-from dlverify.ops.export import reshape_groups
 from dlverify.problem import Problem
 
 
@@ -143,61 +129,6 @@ class _Rewriter:
                         output=op.output)
         return True
 
-    # --------------------------------------------------------- slice of reshape
-    def slice_of_reshape(self, op: Op) -> bool:
-        p = op.params
-        if p.get("strides") and any(s != 1 for s in p["strides"]):
-            return False
-        rs = self.producer.get(op.inputs[0])
-        if rs is None or rs.kind != "reshape":
-            return False
-        x = rs.inputs[0]
-        src, dst = self.shape(x), self.shape(rs.output)
-        groups = reshape_groups(src, dst)
-        if groups is None:
-            return False
-        starts, limits = p["start_indices"], p["limit_indices"]
-        src_starts, src_limits = [0] * len(src), list(src)
-        for gi, gj in groups:
-            if len(gi) > 1 or not gj:  # merges and dropped size-1 dims: must be whole
-                if any(starts[j] != 0 or limits[j] != dst[j] for j in gj):
-                    return False
-                continue
-            if not gi:  # inserted size-1 dims: any valid slice of them is whole
-                continue
-            if any(starts[j] != 0 or limits[j] != dst[j] for j in gj[1:]):
-                return False
-            inner = 1
-            for j in gj[1:]:
-                inner *= dst[j]
-            src_starts[gi[0]] = starts[gj[0]] * inner
-            src_limits[gi[0]] = limits[gj[0]] * inner
-        if src_starts == [0] * len(src) and src_limits == list(src):
-            return False  # a whole slice: nothing to move
-        dtype = self.g.tensors[op.output].dtype
-        sh = tuple(e - b for b, e in zip(src_starts, src_limits))
-        cut = self.new_op("slice", [x], sh, dtype, {"start_indices": tuple(src_starts),
-                                                    "limit_indices": tuple(src_limits),
-                                                    "strides": None}, op)
-        if sh == self.shape(op.output):
-            self.alias[op.output] = cut
-        else:
-            self.new_op("reshape", [cut], self.shape(op.output), dtype, {}, rs, output=op.output)
-        return True
-
-    # ------------------------------------------------------- reshape of reshape
-    def reshape(self, op: Op) -> bool:
-        inner = self.producer.get(op.inputs[0])
-        if inner is None or inner.kind != "reshape":
-            return False
-        x = inner.inputs[0]
-        if self.shape(x) == self.shape(op.output):
-            self.alias[op.output] = x
-        else:
-            self.new_op("reshape", [x], self.shape(op.output), self.g.tensors[op.output].dtype, {},
-                        op, output=op.output)
-        return True
-
     # ------------------------------------------------------------------ driver
     def run(self) -> bool:
         g = self.g
@@ -209,10 +140,7 @@ class _Rewriter:
             if op.kind == "dot_general" and len(op.inputs) == 2 and self.dot(op):
                 changed = True
                 continue
-            if op.kind == "slice" and (self.slice(op) or self.slice_of_reshape(op)):
-                changed = True
-                continue
-            if op.kind == "reshape" and self.reshape(op):
+            if op.kind == "slice" and self.slice(op):
                 changed = True
                 continue
             self.out.append(op)
