@@ -98,7 +98,7 @@ def side_by_side(args: argparse.Namespace) -> int:
 
     same = ["--layers", str(args.layers), "--seq", str(args.seq), "--batch", str(args.batch),
             "--tp", str(args.tp), "--dtype", args.dtype]
-    same += ["--no-sp"] * args.no_sp + ["--train"] * args.train
+    same += ["--no-sp"] * args.no_sp + ["--train"] * args.train + ["--scan-layers"] * args.scan_layers
     same += ["--window", str(args.window)] if args.window is not None else []
     same += ["--cache", str(args.cache)] if args.cache is not None else []
     status = 0
@@ -133,6 +133,8 @@ def main() -> int:
     ap.add_argument("--dtype", default=llama3.LLAMA31_405B.dtype,
                     help="parameter dtype: float32, bfloat16 or float16")
     ap.add_argument("--train", action="store_true", help="the training step, not the forward")
+    ap.add_argument("--scan-layers", action="store_true",
+                    help="layer weights stacked and the layers a lax.scan (MaxText style)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--cache", type=Path, default=None, help="on-disk segment cache directory")
     ap.add_argument("--engine", default="auto", choices=["auto", "clingo", "souffle"])
@@ -144,13 +146,14 @@ def main() -> int:
         return side_by_side(args)
 
     cfg = llama3.LLAMA31_405B._replace(layers=args.layers, seq=args.seq, batch=args.batch,
-                                       dtype=args.dtype)
+                                       dtype=args.dtype, scan_layers=args.scan_layers)
     sp = not args.no_sp
     say = (lambda *a, **k: None) if args.json else print
     say(f"Llama-3.1-405B shapes: {cfg.layers} layers, hidden {cfg.d_model}, {cfg.heads} heads / "
         f"{cfg.kv_heads} KV heads x {cfg.head_dim}, MLP {cfg.d_ff}, vocab {cfg.vocab}, "
         f"batch {cfg.batch} x seq {cfg.seq}, {cfg.dtype}; TP={args.tp}{' + SP' if sp else ''}"
-        f"{'; training step' if args.train else ''}", flush=True)
+        f"{'; training step' if args.train else ''}{'; layers as lax.scan' if args.scan_layers else ''}",
+        flush=True)
     case = llama3.make_case(args.tp, sp=sp, train=args.train, cfg=cfg)
     kw = {} if args.window is None else {"window": args.window}
     if args.cache is not None:
@@ -181,7 +184,8 @@ def main() -> int:
     plan = res.segment_plan
     report = {
         "model": "llama3.1-405b-shapes", "layers": cfg.layers, "dtype": cfg.dtype,
-        "train": args.train, "tp": args.tp, "sp": sp, "seq": cfg.seq, "batch": cfg.batch,
+        "train": args.train, "scan_layers": args.scan_layers, "tp": args.tp, "sp": sp,
+        "seq": cfg.seq, "batch": cfg.batch,
         "ops": {"sequential": len(problem.seq.ops), "distributed": len(problem.dist.ops)},
         "phases": {p: {"wall_s": round(b - a, 3), "peak_mib": round(smp.peak(a, b), 1)}
                    for p, (a, b) in bounds.items()},

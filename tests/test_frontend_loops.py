@@ -180,3 +180,15 @@ def test_scatter_set_with_overlapping_windows_is_refused():
         return o.at[np.array([1, 1])].set(jnp.stack([u, u * 2.0]))
     with pytest.raises(UnknownOpError, match="overlapping windows"):
         _export(f, (O, X[0, :3]))
+
+
+def test_scan_over_micro_batches_slices_the_batch_itself():
+    xb = RNG.standard_normal((8, 4)).astype(np.float32)
+
+    def f(x):
+        return lax.scan(lambda c, mb: (c + mb.sum(axis=0), mb * 2.0), jnp.zeros(4), x.reshape(4, 2, 4))
+    g = _check_like_jax(f, xb)
+    prod = g.producer()
+    rows = [op for op in g.ops if op.kind == "slice"]
+    assert len(rows) == 4 and all(op.inputs == g.inputs for op in rows)  # rows of x, not of its reshape
+    assert all(prod.get(op.inputs[0]) is None for op in rows)

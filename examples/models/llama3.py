@@ -35,7 +35,8 @@ matmuls for the embedding lookup and the target log-prob (no gather; on a
 vocab shard out-of-range ids give an all-zero one-hot row, which is Megatron's
 mask-lookup-zero), jnp.split to cut fused projections (its gradient is a
 concatenate; indexing would give pads), stop_gradient on the softmax max,
-Python loops over layers.
+Python loops over layers, or (scan_layers=True, as MaxText stacks layers) the
+layer weights stacked on a leading dim and the layers a lax.scan.
 
 Rotary tables (cos, sin) and the causal mask are computed once per forward,
 before the layers, and broadcast straight from (S, Dh) to the q/k shape.
@@ -77,6 +78,7 @@ class Config(NamedTuple):
     eps: float = 1e-5
     rope_theta: float = 500000.0
     mlp_fused: bool = True   # gate/up as one (D, 2, F) column-parallel matmul (Megatron's fc1)
+    scan_layers: bool = False  # layer weights stacked (L, ...) and the layers a lax.scan (MaxText)
     dtype: str = "float32"
 
     @property
@@ -98,8 +100,11 @@ def param_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
     layer = {"attn_norm": (D,), "w_qkv": (D, G, qpg + 2, Dh), "w_o": (G, qpg, Dh, D),
              "mlp_norm": (D,), **mlp, "w_down": (F, D)}
     out = {"embed": (cfg.vocab, D)}
-    for i in range(cfg.layers):
-        out.update({f"l{i}.{n}": shape for n, shape in layer.items()})
+    if cfg.scan_layers:
+        out.update({f"layers.{n}": (cfg.layers,) + shape for n, shape in layer.items()})
+    else:
+        for i in range(cfg.layers):
+            out.update({f"l{i}.{n}": shape for n, shape in layer.items()})
     out.update({"final_norm": (D,), "lm_head": (D, cfg.vocab)})
     return out
 
@@ -119,7 +124,8 @@ def param_specs(cfg: Config, tp: int) -> dict[str, P]:
     out = {}
     for name in param_shapes(cfg):
         if "." in name:
-            out[name] = specs[name.split(".", 1)[1]]
+            spec = specs[name.split(".", 1)[1]]
+            out[name] = P(None, *spec) if cfg.scan_layers else spec
     out = {"embed": P("tp", None), **out, "final_norm": P(), "lm_head": P(None, "tp")}
     return {n: out[n] for n in param_shapes(cfg)}
 
@@ -199,13 +205,24 @@ def qkv_fused(cfg: Config, h, w_qkv, q_heads: int):
     return q, k[:, :, :, 0], v[:, :, :, 0]
 
 
-def swiglu(cfg: Config, h, p, i):
+def swiglu(cfg: Config, h, lp):
     if cfg.mlp_fused:
-        gu = jnp.einsum("bsd,dkf->bskf", h, p[f"l{i}.w_gate_up"])
+        gu = jnp.einsum("bsd,dkf->bskf", h, lp["w_gate_up"])
         gate, up = (t[:, :, 0] for t in jnp.split(gu, 2, axis=2))
     else:
-        gate, up = h @ p[f"l{i}.w_gate"], h @ p[f"l{i}.w_up"]
+        gate, up = h @ lp["w_gate"], h @ lp["w_up"]
     return jax.nn.silu(gate) * up
+
+
+def run_layers(cfg: Config, p, x, block):
+    """x after every layer: block(x, lp) with lp one layer's weights by short name;
+    a Python loop over l{i}.* weights, or a lax.scan over the stacked layers.*."""
+    if cfg.scan_layers:
+        stacked = {n.split(".", 1)[1]: w for n, w in p.items() if n.startswith("layers.")}
+        return jax.lax.scan(lambda h, lp: (block(h, lp), None), x, stacked)[0]
+    for i in range(cfg.layers):
+        x = block(x, {n.split(".", 1)[1]: w for n, w in p.items() if n.startswith(f"l{i}.")})
+    return x
 
 
 def xent(logits, labels, vocab: int):
@@ -234,13 +251,15 @@ def forward_seq(cfg: Config, p, ids):
     dt = jnp.dtype(cfg.dtype)
     tabs = tables(cfg, dt)
     x = one_hot(ids, cfg.vocab, dtype=dt) @ p["embed"]
-    for i in range(cfg.layers):
-        h = rms_norm(x, p[f"l{i}.attn_norm"], cfg.eps)
-        q, k, v = qkv_fused(cfg, h, p[f"l{i}.w_qkv"], cfg.q_per_group)
+
+    def block(x, lp):
+        h = rms_norm(x, lp["attn_norm"], cfg.eps)
+        q, k, v = qkv_fused(cfg, h, lp["w_qkv"], cfg.q_per_group)
         o = attention_core(cfg, q, k, v, tabs)
-        x = x + jnp.einsum("bsgjd,gjde->bse", o, p[f"l{i}.w_o"])
-        h = rms_norm(x, p[f"l{i}.mlp_norm"], cfg.eps)
-        x = x + swiglu(cfg, h, p, i) @ p[f"l{i}.w_down"]
+        x = x + jnp.einsum("bsgjd,gjde->bse", o, lp["w_o"])
+        h = rms_norm(x, lp["mlp_norm"], cfg.eps)
+        return x + swiglu(cfg, h, lp) @ lp["w_down"]
+    x = run_layers(cfg, p, x, block)
     h = rms_norm(x, p["final_norm"], cfg.eps)
     return h @ p["lm_head"]
 
@@ -301,12 +320,12 @@ def forward_local(cfg: Config, tp: int, sp: bool, p, ids):
         return jax.lax.psum_scatter(y, "tp", scatter_dimension=1, tiled=True) if sp \
             else jax.lax.psum(y, "tp")
 
-    x = reduce(emb)
-    for i in range(cfg.layers):
-        h = gather(rms_norm(x, p[f"l{i}.attn_norm"], cfg.eps))
-        x = x + reduce(attention_local(cfg, tp, h, p[f"l{i}.w_qkv"], p[f"l{i}.w_o"], tabs))
-        h = gather(rms_norm(x, p[f"l{i}.mlp_norm"], cfg.eps))
-        x = x + reduce(swiglu(cfg, h, p, i) @ p[f"l{i}.w_down"])
+    def block(x, lp):
+        h = gather(rms_norm(x, lp["attn_norm"], cfg.eps))
+        x = x + reduce(attention_local(cfg, tp, h, lp["w_qkv"], lp["w_o"], tabs))
+        h = gather(rms_norm(x, lp["mlp_norm"], cfg.eps))
+        return x + reduce(swiglu(cfg, h, lp) @ lp["w_down"])
+    x = run_layers(cfg, p, reduce(emb), block)
     h = gather(rms_norm(x, p["final_norm"], cfg.eps))
     return h @ p["lm_head"]
 
@@ -348,7 +367,8 @@ def make_case(tp: int, sp: bool, train: bool, cfg: Config = SMALL) -> dlverify.C
     return dlverify.Case(
         seq=make_seq(cfg, train), dist=make_dist(cfg, tp, sp, train), args=args(cfg),
         expect="verified", options={"token_range": cfg.vocab},   # ids/labels in [0, vocab)
-        description=f"Llama-3 {cfg.layers} layers, {'TP+SP' if sp else 'TP'}={tp}, {kv}: {what}")
+        description=f"Llama-3 {cfg.layers} layers{' (lax.scan)' if cfg.scan_layers else ''}, "
+                    f"{'TP+SP' if sp else 'TP'}={tp}, {kv}: {what}")
 
 
 # -------------------------------------------------------------------- cases
@@ -392,3 +412,17 @@ def llama3_tp2_sp_train():
 @dlverify.case
 def llama3_tp4_sp_train():
     return make_case(4, sp=True, train=True)
+
+
+# Layers as a lax.scan over stacked weights (3 layers): dlverify unrolls the scan.
+SCANNED = SMALL._replace(scan_layers=True, layers=3)
+
+
+@dlverify.case
+def llama3_scan_tp2_sp_forward():
+    return make_case(2, sp=True, train=False, cfg=SCANNED)
+
+
+@dlverify.case
+def llama3_scan_tp2_train():
+    return make_case(2, sp=False, train=True, cfg=SCANNED)

@@ -24,13 +24,14 @@ class KnownValues:
         """The graph's ops from `position` on were removed (a while condition's)."""
         self.indexed = min(self.indexed, position)
 
-    def _index(self, ops: list[Op]) -> None:
+    def index(self, ops: list[Op]) -> None:
+        """Record the producers of ops appended since the last call."""
         for op in ops[self.indexed:]:
             self.producer[op.output] = op
         self.indexed = len(ops)
 
     def value(self, graph: Graph, tid: int) -> np.ndarray | None:
-        self._index(graph.ops)
+        self.index(graph.ops)
         todo = [tid]
         while todo:  # iterative post-order: carried counters form long chains
             t = todo[-1]

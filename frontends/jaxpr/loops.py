@@ -28,6 +28,7 @@ import numpy as np
 from dlverify.errors import UnknownOpError
 from dlverify.frontends.jaxpr.walk import Ctx, _elementwise, _loc, _out, _where, exporter, walk
 from dlverify.ir import SourceLoc
+from dlverify.ops.export import reshape_groups
 
 MAX_UNROLLED_EQNS = 400_000  # iterations x body equations: beyond this the IR would not fit
 
@@ -47,11 +48,37 @@ def _slice_row(ctx: Ctx, stacked: int, i: int, loc: SourceLoc) -> int:
     if rows is not None:
         return rows[i]
     t = ctx.b.graph.tensors[stacked]
+    source = _split_source(ctx, stacked)
+    if source is not None:
+        # row i of x.reshape(n, m, ...) is rows [i m, (i + 1) m) of x (a batch split
+        # into micro-batches): slice x itself, so the row meets the sequential rows
+        x = ctx.b.graph.tensors[source]
+        m = x.shape[0] // t.shape[0]
+        cut = ctx.b.op("slice", [source], (m,) + x.shape[1:], x.dtype,
+                       {"start_indices": (i * m,) + (0,) * (x.rank - 1),
+                        "limit_indices": ((i + 1) * m,) + x.shape[1:], "strides": None}, loc, "scan")
+        if (m,) + x.shape[1:] == t.shape[1:]:
+            return cut
+        return ctx.b.op("reshape", [cut], t.shape[1:], t.dtype, {}, loc, "scan")
     starts = (i,) + (0,) * (t.rank - 1)
     limits = (i + 1,) + t.shape[1:]
     row = ctx.b.op("slice", [stacked], (1,) + t.shape[1:], t.dtype,
                    {"start_indices": starts, "limit_indices": limits, "strides": None}, loc, "scan")
     return ctx.b.op("reshape", [row], t.shape[1:], t.dtype, {}, loc, "scan")
+
+
+def _split_source(ctx: Ctx, stacked: int) -> int | None:
+    """x when `stacked` is a reshape of x that splits x's dim 0 into (n, m, ...) as
+    its leading dims (dim 0 of the stack being the outer factor), else None."""
+    ctx.known.index(ctx.b.graph.ops)
+    op = ctx.known.producer.get(stacked)
+    if op is None or op.kind != "reshape":
+        return None
+    src, dst = ctx.b.graph.tensors[op.inputs[0]].shape, ctx.b.graph.tensors[stacked].shape
+    groups = reshape_groups(src, dst)
+    if not groups or groups[0][0] != [0] or len(groups[0][1]) < 2 or groups[0][1][0] != 0:
+        return None
+    return op.inputs[0]
 
 
 def _stack(ctx: Ctx, rows: list[int], shape: tuple[int, ...], dtype: str, loc: SourceLoc) -> int:
