@@ -11,7 +11,7 @@ from dlverify import ir
 from dlverify import schema as S
 from dlverify.ir import Graph, Op
 from dlverify.outputs import infer_output_relation
-from dlverify.partial_tags import GROUP_BASE, full_size, group_class
+from dlverify.partial_tags import TRANS_BASE, full_size, group_class, is_group_axis, reindexing
 from dlverify.problem import Problem
 from dlverify.relations import BlockRelation
 from dlverify.verdict import (UNIT_SCALE, Failure, ViewFact, fmt_offsets, parse_views, scale_value,
@@ -84,15 +84,20 @@ class Judge:
         text = f"block {fmt_offsets(v.offsets, shape)} of {self.seq_desc(v.seq)}"
         if v.partial is not None:
             red = v.partial.reducer_name
-            if v.partial.axis > GROUP_BASE:   # the family of a class of a collective's groups
+            if is_group_axis(v.partial.axis):   # the family of a class of a collective's groups
                 cls = group_class(v.partial.axis)
                 group = cls.first + v.partial.lo * cls.stride
                 text = (f"partial {red} (the {red} over group {group} of the {cls.count} groups "
                         f"{cls.first}, {cls.first + cls.stride}, ... of "
                         f"{self.op_desc(self.dist_ops[v.partial.op])}) of " + text)
             else:
+                axis, how = v.partial.axis, ""
+                if axis >= TRANS_BASE:
+                    ri = reindexing(axis)
+                    axis, how = ri.axis, (f", re-indexed by the transpose of its blocks of "
+                                          f"{ri.block}, {ri.stride} per row")
                 text = (f"partial {red} (range [{v.partial.lo}:{v.partial.hi}) of reduced dim "
-                        f"{v.partial.axis} of {self.op_desc(self.seq_ops[v.partial.op])}) of " + text)
+                        f"{axis}{how} of {self.op_desc(self.seq_ops[v.partial.op])}) of " + text)
         if v.scale != UNIT_SCALE:
             text = f"{scale_value(v.scale)} x " + text
         return text
@@ -366,7 +371,7 @@ class Judge:
                 bad.append(g)
         holdings = ", ".join(f"rank {r} [{t.lo}:{t.hi})" for r, t in sorted(held.items()))
         what = "the reduced dim"
-        if any(t.axis > GROUP_BASE for t in held.values()):
+        if any(is_group_axis(t.axis) for t in held.values()):
             what = "the groups of the earlier collective"
         return (f"{op.kind} over groups {groups}, but the members of {bad or groups} do not hold "
                 f"ranges that tile {what} (0:{full}); partial terms held: {holdings}")

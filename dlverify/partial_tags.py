@@ -20,7 +20,10 @@ complete it. The families (datalog/partials.dl, datalog/update.dl):
 - GROUP_BASE + (g0 * RADIX + t) * RADIX + m: `op` is a distributed collective and
   its groups g0, g0 + t, ..., g0 + (m-1) t a class whose members' operands, visited
   as slots (member q of the j-th group is slot q * m + j), tile the range of one
-  family; F(j) is the reduction over the j-th group (collectives.dl).
+  family; F(j) is the reduction over the j-th group (collectives.dl);
+- TRANS_BASE + (u * TRANS_RADIX + bb) * PAIR + ax: the family (op, ax) cut into
+  blocks of u terms, re-indexed by the transpose of its blocks as an a x bb grid
+  (block i * bb + j becomes block j * a + i; partials.dl).
 """
 from __future__ import annotations
 
@@ -36,6 +39,8 @@ MASK_BASE = S.TAG_MASK_BASE
 WINDOW_BASE = S.TAG_WINDOW_BASE
 GROUP_BASE = S.TAG_GROUP_BASE
 GROUP_RADIX = S.TAG_GROUP_RADIX
+TRANS_BASE = S.TAG_TRANS_BASE
+TRANS_RADIX = S.TAG_TRANS_RADIX
 PAIR = S.TAG_PAIR   # axes encoded in pairs are below this
 
 
@@ -50,7 +55,9 @@ def _producer(graph: Graph, tensor: int):
 def full_size(seq: Graph, op_id: int, axis: int) -> int:
     """The number of terms of the family (op, axis): of the sequential graph, or
     (GROUP_BASE) of a collective's groups, whose count the axis holds."""
-    if axis > GROUP_BASE:
+    if axis >= TRANS_BASE:
+        return full_size(seq, op_id, axis % PAIR)
+    if is_group_axis(axis):
         return group_class(axis).count
     op = _op(seq, op_id)
     if axis >= WINDOW_BASE:
@@ -87,3 +94,30 @@ def group_class(axis: int) -> GroupClass:
     rest, count = divmod(axis - GROUP_BASE, GROUP_RADIX)
     first, stride = divmod(rest, GROUP_RADIX)
     return GroupClass(first, stride, count)
+
+
+def is_group_axis(axis: int) -> bool:
+    """The tag axis names a class of groups of a collective (the tag's op is distributed)."""
+    return GROUP_BASE < axis < TRANS_BASE
+
+
+@dataclass(frozen=True)
+class Reindexing:
+    """A reduced axis re-indexed by a transpose of its blocks of `block` terms, `stride`
+    blocks per row of the grid."""
+
+    axis: int
+    block: int
+    stride: int
+
+
+def trans_axis(axis: int, block: int, stride: int) -> int:
+    """The tag axis of reduced axis `axis` re-indexed in blocks of `block`, `stride` per row."""
+    return TRANS_BASE + (block * TRANS_RADIX + stride) * PAIR + axis
+
+
+def reindexing(axis: int) -> Reindexing:
+    """The re-indexing a TRANS_BASE tag axis names."""
+    rest, ax = divmod(axis - TRANS_BASE, PAIR)
+    block, stride = divmod(rest, TRANS_RADIX)
+    return Reindexing(ax, block, stride)

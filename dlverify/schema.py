@@ -319,7 +319,10 @@ REDUCER_SUM_CONST = REDUCER_CONSTANTS[REDUCER_SUM]
 TAG_FLAT_BASE, TAG_ADD_BASE, TAG_MASK_BASE, TAG_WINDOW_BASE, TAG_PAIR = 1000, 2000, 3000, 4000, 32
 # Above TAG_GROUP_BASE: a class of groups of a collective (the tag's op): GROUP_BASE +
 # (first * RADIX + stride) * RADIX + count (dlverify/partial_tags.py).
-TAG_GROUP_BASE, TAG_GROUP_RADIX = 100000, 1024
+TAG_GROUP_BASE, TAG_GROUP_RADIX = 100000, 512
+# Above TAG_TRANS_BASE: a reduced axis re-indexed by a transpose of its blocks:
+# TRANS_BASE + (block * TRANS_RADIX + stride) * TAG_PAIR + axis, block < TRANS_BLOCKS.
+TAG_TRANS_BASE, TAG_TRANS_RADIX, TAG_TRANS_BLOCKS = 200_000_000, 1024, 59000
 TAG_CONSTANTS = (
     _const("Tag_FlatBase", "base:number", TAG_FLAT_BASE,
            "Tag axis base: a dot_general's two partial contracted pairs, flattened."),
@@ -334,6 +337,12 @@ TAG_CONSTANTS = (
            "Tag axis base: the sums over a class of groups of a collective."),
     _const("Tag_GroupRadix", "k:number", TAG_GROUP_RADIX,
            "A class of groups in a tag axis: its first group, stride and count are below k."),
+    _const("Tag_TransBase", "base:number", TAG_TRANS_BASE,
+           "Tag axis base: a reduced axis re-indexed by a transpose of its blocks."),
+    _const("Tag_TransRadix", "k:number", TAG_TRANS_RADIX,
+           "A re-indexed axis in a tag axis: its stride (in blocks) is below k."),
+    _const("Tag_TransBlocks", "k:number", TAG_TRANS_BLOCKS,
+           "A re-indexed axis in a tag axis: its blocks have fewer than k terms."),
 )
 
 RULE_FAMILIES: tuple[RuleFamily, ...] = (

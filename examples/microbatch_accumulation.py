@@ -9,7 +9,9 @@ adjacent row ranges gives the partial sum over the rank's whole shard, and
 zeros + partial = partial.
 
 The same accumulation written with lax.scan and with lax.fori_loop (the loops
-are unrolled into the trace).
+are unrolled into the trace), and a scan over stacked (M, B/M) micro-batches
+whose rows are sharded over 'dp' (a rank's micro-batches are then not adjacent
+rows of the batch).
 
 Buggy twins: a scan step that replaces the accumulator instead of adding to it
 (only the last micro-batch trains), every step differentiating the first
@@ -79,6 +81,41 @@ def microbatch_accumulation_scan():
     return dlverify.Case(
         seq=grad_seq, dist=_dist(accumulate_scan_local), args=_args(), expect="verified",
         description="data-parallel MSE gradient accumulated over 2 micro-batches by lax.scan, then pmean")
+
+
+# The micro-batch dim outermost, each micro-batch's rows sharded over 'dp': a rank's
+# micro-batches are not adjacent rows of the batch (rows i * B/M + r * B/(M*DP) ...).
+
+def _stacked_args():
+    f32 = jnp.float32
+    return (
+        jax.ShapeDtypeStruct((D_IN, D_OUT), f32),             # w
+        jax.ShapeDtypeStruct((M, BATCH // M, D_IN), f32),     # xs: (micro-batch, row, feature)
+        jax.ShapeDtypeStruct((M, BATCH // M, D_OUT), f32),    # ts
+    )
+
+
+def grad_seq_stacked(w, xs, ts):
+    return jax.grad(mse)(w, xs.reshape(BATCH, D_IN), ts.reshape(BATCH, D_OUT))
+
+
+def accumulate_stacked_local(w, xs, ts):
+    def step(g, batch):
+        return g + jax.grad(mse)(w, *batch), None
+
+    g, _ = jax.lax.scan(step, jnp.zeros_like(w), (xs, ts))
+    return jax.lax.pmean(g / M, "dp")
+
+
+@dlverify.case
+def microbatch_accumulation_sharded_microbatches():
+    mesh = dlverify.host_mesh((DP,), ("dp",))
+    dist = jax.jit(jax.shard_map(accumulate_stacked_local, mesh=mesh,
+                                 in_specs=(P(), P(None, "dp"), P(None, "dp")), out_specs=P(),
+                                 check_vma=False))
+    return dlverify.Case(
+        seq=grad_seq_stacked, dist=dist, args=_stacked_args(), expect="verified",
+        description="scan over (M, B/M) micro-batches whose rows are sharded over 'dp', then pmean")
 
 
 def accumulate_fori_local(w, x, t):

@@ -5,7 +5,7 @@ import pytest
 from rulekit import Tiny
 
 from dlverify.ir import Mesh
-from dlverify.partial_tags import GROUP_BASE, group_axis
+from dlverify.partial_tags import group_axis
 from dlverify.verdict import Partial
 
 DOT = dict(lhs_contract=(1,), rhs_contract=(0,), lhs_batch=(), rhs_batch=())

@@ -14,7 +14,7 @@ from rulekit import Tiny
 
 from dlverify.api import verify_jax
 from dlverify.ir import Mesh
-from dlverify.partial_tags import ADD_BASE, FLAT_BASE
+from dlverify.partial_tags import ADD_BASE, FLAT_BASE, trans_axis
 from dlverify.verdict import Partial
 
 UNIT = (0, 0, 0, 0)
@@ -142,6 +142,62 @@ def test_sub_of_adjacent_ranges_or_add_of_a_nonzero_splat_has_no_view():
     out = t.run()
     assert out.views(ys, diff) == [] and out.views(ys, ones) == [] and out.views(ys, zero_minus) == []
     assert vset(out, ys, minus_zero, 1) == {((0, 0), Partial(0, sop, 0, 4, 6), UNIT)}
+
+
+def outer_micro_batches(t: Tiny, order=(0, 1)):
+    """seq y = x @ w over 8 rows of the contraction laid out as (micro-batch, row) = (2, 4),
+    each micro-batch's rows split over "x": rank r's micro-batch i holds rows 4i + 2r, +2
+    (block 2i + r of 2 rows), so one rank's micro-batches are not adjacent."""
+    xs, xd = t.input((3, 2, 4), (None, None, "x"))
+    ws, wd = t.input((2, 4, 5), (None, "x", None))
+    x2 = t.sop("reshape", [xs], (3, 8))
+    w2 = t.sop("reshape", [ws], (8, 5))
+    ys = t.sop("dot_general", [x2, w2], (3, 5), **DOT)
+    sop = last_seq_op(t)
+    parts = []
+    for i in order:
+        xi = t.dop("slice", [xd], (3, 1, 2), start_indices=(0, i, 0), limit_indices=(3, i + 1, 2),
+                   strides=None)
+        wi = t.dop("slice", [wd], (1, 2, 5), start_indices=(i, 0, 0), limit_indices=(i + 1, 2, 5),
+                   strides=None)
+        parts.append(t.dop("dot_general", [t.dop("reshape", [xi], (3, 2)), t.dop("reshape", [wi], (2, 5))],
+                           (3, 5), **DOT))
+    acc = t.dop("add", [t.dconst(0.0, (3, 5)), parts[0]], (3, 5))
+    acc = t.dop("add", [acc, parts[1]], (3, 5))
+    return ys, sop, parts, acc
+
+
+@pytest.mark.parametrize("order", [(0, 1), (1, 0)])
+def test_adding_blocks_a_row_apart_is_a_range_of_the_transposed_blocks_that_psum_completes(order):
+    t = Tiny()
+    ys, sop, parts, acc = outer_micro_batches(t, order)
+    sd = t.dop("all_reduce", [acc], (3, 5), reducer="sum", groups=[[0, 1]])
+    t.output(ys, sd)
+    out = t.run()
+    tr = trans_axis(0, 2, 2)   # blocks of 2 terms, 2 blocks per row: a 2 x 2 grid
+    for r in range(2):
+        i = order[0]
+        # block 2i + r is block 2r + i after the transpose
+        assert vset(out, ys, parts[0], r) == {
+            ((0, 0), Partial(0, sop, 0, 4 * i + 2 * r, 4 * i + 2 * r + 2), UNIT),
+            ((0, 0), Partial(0, sop, tr, 4 * r + 2 * i, 4 * r + 2 * i + 2), UNIT)}
+        assert ((0, 0), Partial(0, sop, tr, 4 * r, 4 * r + 4), UNIT) in vset(out, ys, acc, r)
+        assert vset(out, ys, sd, r) == {((0, 0), None, UNIT)}
+    assert out.result.verified
+
+
+def test_blocks_from_two_ranks_in_one_column_do_not_complete():
+    # every rank adds its own first micro-batch to the other rank's second one (a
+    # collective_permute of the wrong operand): rank 0 holds blocks 0 and 3, a range in
+    # neither order; rank 1 blocks 1 and 2, adjacent in both, but the ranks' terms overlap
+    t = Tiny()
+    ys, sop, parts, _ = outer_micro_batches(t)
+    moved = t.dop("collective_permute", [parts[1]], (3, 5), pairs=[(0, 1), (1, 0)])
+    wrong = t.dop("add", [parts[0], moved], (3, 5))
+    sd = t.dop("all_reduce", [wrong], (3, 5), reducer="sum", groups=[[0, 1]])
+    out = t.run()
+    assert out.views(ys, sd) == [] and out.views(ys, wrong, 0) == []
+    assert {v.partial.lo for v in out.views(ys, wrong, 1)} == {2}
 
 
 # ---------------------------------------------------------------- partial maxima (diagnosis)
