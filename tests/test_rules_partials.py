@@ -191,7 +191,7 @@ def test_blocks_from_two_ranks_in_one_column_do_not_complete():
     # collective_permute of the wrong operand): rank 0 holds blocks 0 and 3, a range in
     # neither order; rank 1 blocks 1 and 2, adjacent in both, but the ranks' terms overlap
     t = Tiny()
-    ys, sop, parts, _ = outer_micro_batches(t)
+    ys, _, parts, _ = outer_micro_batches(t)
     moved = t.dop("collective_permute", [parts[1]], (3, 5), pairs=[(0, 1), (1, 0)])
     wrong = t.dop("add", [parts[0], moved], (3, 5))
     sd = t.dop("all_reduce", [wrong], (3, 5), reducer="sum", groups=[[0, 1]])
