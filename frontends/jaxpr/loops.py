@@ -103,8 +103,11 @@ def _scan(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
     n_ys = len(eqn.outvars) - n_carry
     ys_rows: list[list[int]] = [[0] * length for _ in range(n_ys)]
     order = range(length - 1, -1, -1) if p["reverse"] else range(length)
+    # Every row is cut before the first iteration, so the iterations' ops are
+    # identical up to ids (one memo entry serves them all, dlverify/memo.py).
+    rows = {i: [_slice_row(ctx, x, i, loc) for x in xs] for i in order}
     for i in order:
-        outs = walk(ctx, body, consts + carry + [_slice_row(ctx, x, i, loc) for x in xs])
+        outs = walk(ctx, body, consts + carry + rows[i])
         carry = outs[:n_carry]
         for k, y in enumerate(outs[n_carry:]):
             ys_rows[k][i] = y
