@@ -237,10 +237,25 @@ class Judge:
             return None
         x = op.inputs[0]
         mine = [v for v in self.by_dist.get((x, rank), []) if v.partial is not None]
-        if not mine:
+        # every family the rank's terms belong to must miss some terms on all ranks
+        gaps_of = [self._gaps(x, v) for v in mine]
+        if not mine or not all(gaps_of):
             return None
-        v = mine[0]
+        v, gaps = mine[0], gaps_of[0]
+        origin = self.origin(x, rank, [v]) or op
+        red = v.partial.reducer_name
+        missing = ", ".join(f"[{lo}:{hi})" for lo, hi in gaps)
+        reason = (f"no rank holds the terms {missing} of the partial {red} that {op.kind} at "
+                  f"{short_path(op.loc.file)}:{op.loc.line} reduces: they were never computed "
+                  f"(a dropped micro-batch or shard?)")
+        msg = (f"{origin.kind} produces a partial {red} on rank {rank} ({self.view_text(v)}), "
+               f"but {reason}")
+        return Failure(origin.kind, origin.loc.file, origin.loc.line, msg, "distributed",
+                       origin.loc.frames, (rank,), reason, "missing-terms",
+                       {rank: self.operand_views(op, rank)})
 
+    def _gaps(self, x: int, v: ViewFact) -> list[tuple[int, int]]:
+        """The terms of v's family that no rank's view of x (same block and scale) holds."""
         def family(w: ViewFact) -> tuple:
             return (w.seq, w.offsets, w.scale, w.partial.reducer, w.partial.op, w.partial.axis)
 
@@ -255,19 +270,7 @@ class Judge:
         full = full_size(self.p.seq, v.partial.op, v.partial.axis)
         if pos < full:
             gaps.append((pos, full))
-        if not gaps:
-            return None
-        origin = self.origin(x, rank, [v]) or op
-        red = v.partial.reducer_name
-        missing = ", ".join(f"[{lo}:{hi})" for lo, hi in gaps)
-        reason = (f"no rank holds the terms {missing} of the partial {red} that {op.kind} at "
-                  f"{short_path(op.loc.file)}:{op.loc.line} reduces: they were never computed "
-                  f"(a dropped micro-batch or shard?)")
-        msg = (f"{origin.kind} produces a partial {red} on rank {rank} ({self.view_text(v)}), "
-               f"but {reason}")
-        return Failure(origin.kind, origin.loc.file, origin.loc.line, msg, "distributed",
-                       origin.loc.frames, (rank,), reason, "missing-terms",
-                       {rank: self.operand_views(op, rank)})
+        return gaps
 
     def _split_by_data_movement(self, reducer: Op) -> Op | None:
         """The collective or slice that produced the operand of `reducer` (through

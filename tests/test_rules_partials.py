@@ -144,6 +144,18 @@ def test_sub_of_adjacent_ranges_or_add_of_a_nonzero_splat_has_no_view():
     assert vset(out, ys, minus_zero, 1) == {((0, 0), Partial(0, sop, 0, 4, 6), UNIT)}
 
 
+def test_a_reduction_of_terms_no_rank_holds_is_located_where_the_terms_are_made():
+    # each rank reduces only its second micro-batch: rows 0:2 and 4:6 are never multiplied
+    t = Tiny()
+    ys, _, parts, _ = micro_batches(t, (0, 2))
+    sd = t.dop("all_reduce", [parts[1]], (3, 5), reducer="sum", groups=[[0, 1]])
+    t.output(ys, sd)
+    out = t.run()
+    first = out.result.failures[0]
+    assert (first.op, first.kind) == ("dot_general", "missing-terms")
+    assert "no rank holds the terms [0:2), [4:6)" in first.reason
+
+
 def outer_micro_batches(t: Tiny, order=(0, 1)):
     """seq y = x @ w over 8 rows of the contraction laid out as (micro-batch, row) = (2, 4),
     each micro-batch's rows split over "x": rank r's micro-batch i holds rows 4i + 2r, +2
