@@ -17,6 +17,9 @@ complete it. The families (datalog/partials.dl, datalog/update.dl):
 - WINDOW_BASE + k: `op` is a sequential dynamic_update_slice into zeros writing
   at `start` along k; F(i), i below the update's size, is its output masked to
   index start + i along k;
+- ACC_BASE + a: a tree of sequential adds (mirrored on the distributed side) whose
+  leaves are reductions along their axis a with equally many terms, `op` its first
+  leaf; F(k) is the sum over the leaves of their terms k;
 - GROUP_BASE + (g0 * RADIX + t) * RADIX + m: `op` is a distributed collective and
   its groups g0, g0 + t, ..., g0 + (m-1) t a class whose members' operands, visited
   as slots (member q of the j-th group is slot q * m + j), tile the range of one
@@ -37,6 +40,7 @@ FLAT_BASE = S.TAG_FLAT_BASE
 ADD_BASE = S.TAG_ADD_BASE
 MASK_BASE = S.TAG_MASK_BASE
 WINDOW_BASE = S.TAG_WINDOW_BASE
+ACC_BASE = S.TAG_ACC_BASE
 GROUP_BASE = S.TAG_GROUP_BASE
 GROUP_RADIX = S.TAG_GROUP_RADIX
 TRANS_BASE = S.TAG_TRANS_BASE
@@ -54,11 +58,13 @@ def _producer(graph: Graph, tensor: int):
 
 def full_size(seq: Graph, op_id: int, axis: int) -> int:
     """The number of terms of the family (op, axis): of the sequential graph, or
-    (GROUP_BASE) of a collective's groups, whose count the axis holds."""
+    (GROUP_BASE) of a class of a collective's groups, whose count the axis holds."""
     if axis >= TRANS_BASE:
         return full_size(seq, op_id, axis % PAIR)
     if is_group_axis(axis):
         return group_class(axis).count
+    if axis >= ACC_BASE:   # an add tree named by its first leaf: the leaf's size
+        return full_size(seq, op_id, axis - ACC_BASE)
     op = _op(seq, op_id)
     if axis >= WINDOW_BASE:
         return seq.tensors[op.inputs[1]].shape[axis - WINDOW_BASE]

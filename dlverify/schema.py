@@ -175,6 +175,8 @@ CONCAT_OFFSET = _rel("Concat_Offset", "Operand `pos` of concatenate starts at `o
                      "concat dim; n operands in all.", "op:OpId", "pos:number", "off:number",
                      "n:number")
 IOTA_DIM = _rel("Iota_Dim", "Op is an iota counting along dim k.", "op:OpId", "k:number")
+MOVES_DATA = _rel("Moves_Data", "Every output element of op is an element of one of its first n "
+                  "operands (layout ops that only move elements).", "op:OpId", "n:number")
 KNOWN_CONST = _rel("Known_Const", "Op is a constant whose value is known (written in the program).",
                    "op:OpId")
 IOTA_ALONG = _rel("Iota_Along", "Sequential tensor s holds its own index along dim k (an iota, or a "
@@ -317,6 +319,8 @@ REDUCER_SUM_CONST = REDUCER_CONSTANTS[REDUCER_SUM]
 # The `axis` field of a partial tag names the family of terms (dlverify/partial_tags.py):
 # below TAG_FLAT_BASE a reduced axis; above, pairs of axes (each below TAG_PAIR) or a dim.
 TAG_FLAT_BASE, TAG_ADD_BASE, TAG_MASK_BASE, TAG_WINDOW_BASE, TAG_PAIR = 1000, 2000, 3000, 4000, 32
+# TAG_ACC_BASE + a: a tree of adds on both sides whose leaves reduce axis a (partials.dl).
+TAG_ACC_BASE = 5000
 # Above TAG_GROUP_BASE: a class of groups of a collective (the tag's op): GROUP_BASE +
 # (first * RADIX + stride) * RADIX + count (dlverify/partial_tags.py).
 TAG_GROUP_BASE, TAG_GROUP_RADIX = 100000, 512
@@ -333,6 +337,8 @@ TAG_CONSTANTS = (
     _const("Tag_WindowBase", "base:number", TAG_WINDOW_BASE,
            "Tag axis base: a sequential dynamic_update_slice's window along a dim."),
     _const("Tag_Pair", "m:number", TAG_PAIR, "Axes encoded in pairs in a tag axis are below m."),
+    _const("Tag_AccBase", "base:number", TAG_ACC_BASE,
+           "Tag axis base: a tree of adds whose leaves are reductions along one axis."),
     _const("Tag_GroupBase", "base:number", TAG_GROUP_BASE,
            "Tag axis base: the sums over a class of groups of a collective."),
     _const("Tag_GroupRadix", "k:number", TAG_GROUP_RADIX,

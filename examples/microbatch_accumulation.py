@@ -11,7 +11,8 @@ zeros + partial = partial.
 The same accumulation written with lax.scan and with lax.fori_loop (the loops
 are unrolled into the trace), and a scan over stacked (M, B/M) micro-batches
 whose rows are sharded over 'dp' (a rank's micro-batches are then not adjacent
-rows of the batch).
+rows of the batch), also against a sequential reference that accumulates the
+same micro-batches in the same order.
 
 Buggy twins: a scan step that replaces the accumulator instead of adding to it
 (only the last micro-batch trains), every step differentiating the first
@@ -116,6 +117,29 @@ def microbatch_accumulation_sharded_microbatches():
     return dlverify.Case(
         seq=grad_seq_stacked, dist=dist, args=_stacked_args(), expect="verified",
         description="scan over (M, B/M) micro-batches whose rows are sharded over 'dp', then pmean")
+
+
+def accumulate_stacked(w, xs, ts):
+    """The accumulation itself, as the sequential reference too (on the whole stack)."""
+    g = jnp.zeros_like(w)
+    for i in range(M):
+        g = g + jax.grad(mse)(w, xs[i], ts[i])
+    return g / M
+
+
+def accumulate_stacked_mirrored_local(w, xs, ts):
+    return jax.lax.pmean(accumulate_stacked(w, xs, ts), "dp")
+
+
+@dlverify.case
+def microbatch_accumulation_mirrored():
+    mesh = dlverify.host_mesh((DP,), ("dp",))
+    dist = jax.jit(jax.shard_map(accumulate_stacked_mirrored_local, mesh=mesh,
+                                 in_specs=(P(), P(None, "dp"), P(None, "dp")), out_specs=P(),
+                                 check_vma=False))
+    return dlverify.Case(
+        seq=accumulate_stacked, dist=dist, args=_stacked_args(), expect="verified",
+        description="the same micro-batch accumulation on both sides (sharded rows), then pmean")
 
 
 def accumulate_fori_local(w, x, t):

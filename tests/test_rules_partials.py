@@ -14,7 +14,7 @@ from rulekit import Tiny
 
 from dlverify.api import verify_jax
 from dlverify.ir import Mesh
-from dlverify.partial_tags import ADD_BASE, FLAT_BASE, trans_axis
+from dlverify.partial_tags import ACC_BASE, ADD_BASE, FLAT_BASE, trans_axis
 from dlverify.verdict import Partial
 
 UNIT = (0, 0, 0, 0)
@@ -154,6 +154,47 @@ def test_a_reduction_of_terms_no_rank_holds_is_located_where_the_terms_are_made(
     first = out.result.failures[0]
     assert (first.op, first.kind) == ("dot_general", "missing-terms")
     assert "no rank holds the terms [0:2), [4:6)" in first.reason
+
+
+def accumulated_on_both_sides(t: Tiny, k_sizes=(8, 8, 8), repeat_first=False, sub=False):
+    """seq and dist both compute zeros + x0 @ w0 + x1 @ w1 + x2 @ w2 (contraction sizes
+    k_sizes, split over "x"); the dist side may add x0 @ w0 again instead of x2 @ w2."""
+    dots = []
+    for k in k_sizes:
+        xs, xd = t.input((3, k), (None, "x"))
+        ws, wd = t.input((k, 5), ("x", None))
+        dots.append((t.sop("dot_general", [xs, ws], (3, 5), **DOT), t.dop("dot_general", [xd, wd], (3, 5), **DOT)))
+    accs, accd = t.sop("add", [t.sconst(0.0, (3, 5)), dots[0][0]], (3, 5)), \
+        t.dop("add", [t.dconst(0.0, (3, 5)), dots[0][1]], (3, 5))
+    for i, (ys, yd) in enumerate(dots[1:], 1):
+        kind = "sub" if sub and i == 2 else "add"
+        accs = t.sop(kind, [accs, ys], (3, 5))
+        accd = t.dop(kind, [accd, dots[0][1] if repeat_first and i == 2 else yd], (3, 5))
+    return accs, accd
+
+
+def test_accumulation_on_both_sides_is_one_family_named_by_its_first_leaf():
+    t = Tiny()
+    accs, accd = accumulated_on_both_sides(t)
+    first_dot = next(op.id for op in t.seq.ops if op.kind == "dot_general")
+    sd = t.dop("all_reduce", [accd], (3, 5), reducer="sum", groups=[[0, 1]])
+    t.output(accs, sd)
+    out = t.run()
+    for r in range(2):
+        assert vset(out, accs, accd, r) == {((0, 0), Partial(0, first_dot, ACC_BASE, 4 * r, 4 * r + 4), UNIT)}
+        assert vset(out, accs, sd, r) == {((0, 0), None, UNIT)}
+    assert out.result.verified
+
+
+@pytest.mark.parametrize("variant", ["repeat_first", "sizes", "sub"])
+def test_accumulation_of_another_term_other_sizes_or_a_sub_has_no_family(variant):
+    t = Tiny()
+    accs, accd = accumulated_on_both_sides(
+        t, k_sizes=(8, 8, 4) if variant == "sizes" else (8, 8, 8),
+        repeat_first=variant == "repeat_first", sub=variant == "sub")
+    sd = t.dop("all_reduce", [accd], (3, 5), reducer="sum", groups=[[0, 1]])
+    out = t.run()
+    assert out.views(accs, sd) == []
 
 
 def outer_micro_batches(t: Tiny, order=(0, 1)):
