@@ -163,9 +163,10 @@ def accumulated_on_both_sides(t: Tiny, k_sizes=(8, 8, 8), repeat_first=False, su
     for k in k_sizes:
         xs, xd = t.input((3, k), (None, "x"))
         ws, wd = t.input((k, 5), ("x", None))
-        dots.append((t.sop("dot_general", [xs, ws], (3, 5), **DOT), t.dop("dot_general", [xd, wd], (3, 5), **DOT)))
-    accs, accd = t.sop("add", [t.sconst(0.0, (3, 5)), dots[0][0]], (3, 5)), \
-        t.dop("add", [t.dconst(0.0, (3, 5)), dots[0][1]], (3, 5))
+        dots.append((t.sop("dot_general", [xs, ws], (3, 5), **DOT),
+                     t.dop("dot_general", [xd, wd], (3, 5), **DOT)))
+    accs = t.sop("add", [t.sconst(0.0, (3, 5)), dots[0][0]], (3, 5))
+    accd = t.dop("add", [t.dconst(0.0, (3, 5)), dots[0][1]], (3, 5))
     for i, (ys, yd) in enumerate(dots[1:], 1):
         kind = "sub" if sub and i == 2 else "add"
         accs = t.sop(kind, [accs, ys], (3, 5))
