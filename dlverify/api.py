@@ -33,25 +33,43 @@ DEFAULT_WINDOW = 96  # ops per segment (bench/bench_verify.py); smaller graphs r
 
 
 def _evaluate(problem: Problem, tables: dict, engine: EngineName, window: int,
-              keep_facts: Path | None, cache_dir: Path | None = None, reporter: Any = None):
+              keep_facts: Path | None, cache_dir: Path | None = None, reporter: Any = None,
+              main_dl: Path | None = None):
     """One engine run over the whole problem, or segment by segment when it is
-    large (the reporter then hears how far the segments got)."""
+    large (the reporter then hears how far the segments got). `main_dl`: the rules
+    (the installed ones when None)."""
+    main_dl = main_dl or rules_path()
     if needs_segments(problem, window):
         if keep_facts is not None:  # the whole problem, replayable as one fixpoint
             write_facts_dir(keep_facts, [r.name for r in S.INPUTS],
                             {r.name: rows for r, rows in tables.items()})
-        return run_segmented(problem, tables, rules_path(), engine, window, cache_dir,
+        return run_segmented(problem, tables, main_dl, engine, window, cache_dir,
                              progress=reporter.progress if reporter is not None else None)
-    return run_program(rules_path(), tables, S.OUTPUTS, engine=engine, keep_dir=keep_facts)
+    return run_program(main_dl, tables, S.OUTPUTS, engine=engine, keep_dir=keep_facts)
+
+
+def problem_tables(problem: Problem) -> dict:
+    """The rewrites and folds every verification applies, then the fact tables."""
+    rewrite(problem)
+    share_nullary(problem.seq)
+    share_nullary(problem.dist)
+    seq_fold = fold(problem.seq, None)
+    dist_fold = fold(problem.dist, problem.mesh)
+    tables, _values = export(problem, seq_fold, dist_fold)
+    return tables
 
 
 def verify_problem(problem: Problem, engine: EngineName = "auto",
                    keep_facts: Path | None = None,
                    timings: dict[str, float] | None = None,
                    window: int = DEFAULT_WINDOW, reporter: Any = None,
-                   cache_dir: Path | None = None) -> Result:
+                   cache_dir: Path | None = None, rules_dir: Path | None = None) -> Result:
     """`reporter` (dlverify.supervise.Reporter) is told the phases. `cache_dir`: an
-    on-disk cache of segment results (dlverify/memo.py); off when None."""
+    on-disk cache of segment results (dlverify/memo.py); off when None. `rules_dir`:
+    another rule set (a folder with a main.dl), checked against the schema first."""
+    from dlverify.rules.ruleset import checked_main
+
+    main_dl = checked_main(rules_dir)
     def phase(name: str) -> None:
         if reporter is not None:
             reporter.phase(name)
@@ -59,18 +77,13 @@ def verify_problem(problem: Problem, engine: EngineName = "auto",
     phase("export")
     timings = dict(timings or {})
     t0 = time.perf_counter()
-    rewrite(problem)
-    share_nullary(problem.seq)
-    share_nullary(problem.dist)
-    seq_fold = fold(problem.seq, None)
-    dist_fold = fold(problem.dist, problem.mesh)
-    tables, _values = export(problem, seq_fold, dist_fold)
+    tables = problem_tables(problem)
     timings["export"] = time.perf_counter() - t0
     if keep_facts is not None:
         keep_facts.mkdir(parents=True, exist_ok=True)
     notes = [REAL_ARITHMETIC_NOTE]
     phase("engine")
-    res = _evaluate(problem, tables, engine, window, keep_facts, cache_dir, reporter)
+    res = _evaluate(problem, tables, engine, window, keep_facts, cache_dir, reporter, main_dl)
     plan = res.plan if isinstance(res, SegmentedRun) else None
     phase("judge")
     t1 = time.perf_counter()
@@ -87,7 +100,7 @@ def verify_problem(problem: Problem, engine: EngineName = "auto",
             # One fixpoint derives a superset of the segments' views: try it.
             timings["datalog_segmented"] = res.seconds
             phase("engine")
-            res = _evaluate(problem, tables, engine, size + 1, None)
+            res = _evaluate(problem, tables, engine, size + 1, None, main_dl=main_dl)
             phase("judge")
             t1 = time.perf_counter()
             judge = Judge(problem, res.relations)
@@ -106,18 +119,26 @@ def verify_problem(problem: Problem, engine: EngineName = "auto",
 def verify_jax(seq_fn: Callable[..., Any], dist_fn: Callable[..., Any], *args: Any,
                engine: EngineName = "auto", keep_facts: Path | None = None,
                name: str = "", window: int = DEFAULT_WINDOW, reporter: Any = None,
-               cache_dir: Path | None = None) -> Result:
+               cache_dir: Path | None = None, rules_dir: Path | None = None) -> Result:
     """Prove that `dist_fn` computes what `seq_fn` computes for all inputs of the
     shapes of `args` (arrays or jax.ShapeDtypeStructs). `dist_fn` is a shard_map
     program, or a `jax.jit(f, in_shardings=..., out_shardings=...)`: then its
     SPMD-partitioned per-device HLO is verified (frontends/jax_compiled.py).
     `reporter` (dlverify.supervise.Reporter) is told the phases; `cache_dir`: the
-    on-disk segment cache (see verify_problem)."""
+    on-disk segment cache (see verify_problem); `rules_dir`: another rule set."""
+    t0 = time.perf_counter()
+    problem, phase = jax_problem(seq_fn, dist_fn, *args, name=name, reporter=reporter)
+    return verify_problem(problem, engine, keep_facts, {phase: time.perf_counter() - t0}, window,
+                          reporter=reporter, cache_dir=cache_dir, rules_dir=rules_dir)
+
+
+def jax_problem(seq_fn: Callable[..., Any], dist_fn: Callable[..., Any], *args: Any, name: str = "",
+                reporter: Any = None) -> tuple[Problem, str]:
+    """The Problem of a pair of JAX functions, and the phase that made it (trace or compile)."""
     from dlverify.frontends.jax_compiled import import_jax_compiled, uses_shard_map
     from dlverify.frontends.jaxpr import import_jax  # imports jax: only when needed
 
     check_args(args)
-    t0 = time.perf_counter()
     if reporter is not None:
         reporter.phase("trace")
     if not uses_shard_map(dist_fn, tuple(args)):
@@ -125,12 +146,10 @@ def verify_jax(seq_fn: Callable[..., Any], dist_fn: Callable[..., Any], *args: A
             reporter.phase("compile")
         problem = import_jax_compiled(seq_fn, dist_fn, tuple(args), name=name)
         _check_devices(problem)
-        return verify_problem(problem, engine, keep_facts, {"compile": time.perf_counter() - t0},
-                              window, reporter=reporter, cache_dir=cache_dir)
+        return problem, "compile"
     problem = import_jax(seq_fn, dist_fn, tuple(args), name=name)
     _check_devices(problem)
-    return verify_problem(problem, engine, keep_facts, {"trace": time.perf_counter() - t0}, window,
-                          reporter=reporter, cache_dir=cache_dir)
+    return problem, "trace"
 
 
 MAX_DIM = 2**31 - 1  # XLA's dimension sizes are int64, but nothing real is this big

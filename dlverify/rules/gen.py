@@ -1,0 +1,265 @@
+"""Random tiny sequential/distributed program pairs for fuzzing rules.
+
+A pair starts from inputs related by random partition specs on a small mesh and grows
+by random steps over the pairs of tensors built so far: the same op on both sides
+(elementwise, dot_general, reductions, layout ops, sometimes with other parameters on
+one side), a collective on the distributed side only, a scaling by a constant on one
+side. Nothing says the pair is equivalent: the rules decide what holds, and every view
+they derive is checked numerically (dlverify/rules/fuzz.py). Programs are built with
+the IR builder like tests/rulekit.py, so the real pipeline (passes, fact export) runs.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from dlverify.ir import Graph, GraphBuilder, IdAllocator, Mesh
+from dlverify.problem import Problem
+from dlverify.relations import BlockRelation, spec_relation
+
+# Elementwise kinds with no domain restriction on standard-normal data (no NaN to compare).
+UNARY = ("neg", "exp", "tanh", "abs", "square", "sin", "logistic")
+BINARY = ("add", "sub", "mul", "max", "min")
+DIMS = (2, 4)
+F32 = "float32"
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A sequential tensor and a distributed tensor built side by side."""
+
+    seq: int
+    dist: int
+
+
+@dataclass
+class TinyPair:
+    """A program pair under construction."""
+
+    mesh: Mesh
+    ids: IdAllocator = field(default_factory=IdAllocator)
+    seq: Graph = field(default_factory=lambda: Graph("sequential"))
+    dist: Graph = field(default_factory=lambda: Graph("distributed"))
+    in_rels: list[BlockRelation] = field(default_factory=list)
+    pairs: list[Pair] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.S = GraphBuilder(self.seq, self.ids)
+        self.D = GraphBuilder(self.dist, self.ids)
+
+    def sshape(self, p: Pair) -> tuple[int, ...]:
+        return self.seq.tensors[p.seq].shape
+
+    def dshape(self, p: Pair) -> tuple[int, ...]:
+        return self.dist.tensors[p.dist].shape
+
+    def input(self, shape: tuple[int, ...], spec: tuple) -> Pair:
+        rel = spec_relation(shape, spec, self.mesh, "fuzz input")
+        s = self.S.tensor(shape, F32, f"in{len(self.in_rels)}")
+        d = self.D.tensor(rel.dist_shape, F32, f"in{len(self.in_rels)}")
+        self.seq.inputs.append(s)
+        self.dist.inputs.append(d)
+        self.in_rels.append(rel)
+        return self.add(Pair(s, d))
+
+    def add(self, p: Pair) -> Pair:
+        self.pairs.append(p)
+        return p
+
+    def both(self, kind: str, ins: list[Pair], sshape: tuple[int, ...], dshape: tuple[int, ...],
+             sparams: dict, dparams: dict | None = None) -> Pair:
+        s = self.S.op(kind, [p.seq for p in ins], sshape, F32, sparams)
+        d = self.D.op(kind, [p.dist for p in ins], dshape, F32, sparams if dparams is None else dparams)
+        return self.add(Pair(s, d))
+
+    def problem(self, name: str) -> Problem:
+        last = self.pairs[-1]
+        self.seq.outputs.append(last.seq)
+        self.dist.outputs.append(last.dist)
+        self.seq.output_names = self.dist.output_names = ["out0"]
+        return Problem(self.seq, self.dist, self.mesh, list(self.in_rels), [None], self.ids, name=name)
+
+
+def _shape(rng: random.Random, rank: int, n: int) -> tuple[int, ...]:
+    return tuple(rng.choice(DIMS) * n for _ in range(rank))
+
+
+class Generator:
+    """Random steps over a TinyPair (each returns False when it does not apply)."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+
+    def pick(self, t: TinyPair, ok: Callable[[Pair], bool] = lambda p: True) -> Pair | None:
+        cands = [p for p in t.pairs if ok(p)]
+        return self.rng.choice(cands) if cands else None
+
+    def fresh_input(self, t: TinyPair, shape: tuple[int, ...]) -> Pair:
+        n = t.mesh.size
+        ok = [tuple(spec) for spec in ([None] * len(shape),) + tuple(
+            tuple("x" if i == j else None for i in range(len(shape))) for j in range(len(shape)))
+            if all(size % (n if e else 1) == 0 for size, e in zip(shape, spec))]
+        return t.input(shape, self.rng.choice(ok))
+
+    def unary(self, t: TinyPair) -> bool:
+        p = self.pick(t)
+        if p is None:
+            return False
+        t.both(self.rng.choice(UNARY), [p], t.sshape(p), t.dshape(p), {})
+        return True
+
+    def binary(self, t: TinyPair) -> bool:
+        a = self.pick(t)
+        if a is None:
+            return False
+        b = self.pick(t, lambda q: t.sshape(q) == t.sshape(a) and t.dshape(q) == t.dshape(a))
+        if b is None or self.rng.random() < 0.3:
+            b = self.fresh_input(t, t.sshape(a))
+            if t.dshape(b) != t.dshape(a):
+                return False
+        ins = [a, b] if self.rng.random() < 0.5 else [b, a]
+        t.both(self.rng.choice(BINARY), ins, t.sshape(a), t.dshape(a), {})
+        return True
+
+    def scale(self, t: TinyPair) -> bool:
+        """Multiply (or divide) one side by an exact constant."""
+        p = self.pick(t)
+        if p is None:
+            return False
+        k = self.rng.choice((2.0, 3.0, 0.5))
+        kind = self.rng.choice(("mul", "div"))
+        side = t.S if self.rng.random() < 0.5 else t.D
+        x = p.seq if side is t.S else p.dist
+        shape = t.sshape(p) if side is t.S else t.dshape(p)
+        c = side.constant(np.full((), k, dtype=np.float32), (), F32)
+        y = side.op(kind, [x, c], shape, F32, {})
+        t.add(Pair(y, p.dist) if side is t.S else Pair(p.seq, y))
+        return True
+
+    def dot(self, t: TinyPair) -> bool:
+        a = self.pick(t, lambda q: len(t.sshape(q)) == 2)
+        if a is None:
+            return False
+        k, dk = t.sshape(a)[1], t.dshape(a)[1]
+        n = self.rng.choice(DIMS) * t.mesh.size
+        if dk == k:
+            spec: tuple = (None, "x" if self.rng.random() < 0.5 else None)
+        elif dk * t.mesh.size == k:
+            spec = ("x", None)
+        else:
+            return False
+        w = t.input((k, n), spec)
+        dot = dict(lhs_contract=(1,), rhs_contract=(0,), lhs_batch=(), rhs_batch=())
+        t.both("dot_general", [a, w], (t.sshape(a)[0], n), (t.dshape(a)[0], t.dshape(w)[1]), dot)
+        return True
+
+    def reduce(self, t: TinyPair) -> bool:
+        p = self.pick(t, lambda q: len(t.sshape(q)) == 2)
+        if p is None:
+            return False
+        ax = self.rng.randrange(2)
+        kind = self.rng.choice(("reduce_sum", "reduce_sum", "reduce_max"))
+        drop = lambda sh: tuple(x for i, x in enumerate(sh) if i != ax)  # noqa: E731
+        t.both(kind, [p], drop(t.sshape(p)), drop(t.dshape(p)), {"axes": (ax,)})
+        return True
+
+    def transpose(self, t: TinyPair) -> bool:
+        p = self.pick(t, lambda q: len(t.sshape(q)) == 2)
+        if p is None:
+            return False
+        perm = (1, 0)
+        dperm = perm if self.rng.random() < 0.8 else (0, 1)
+        flip = lambda sh, pm: tuple(sh[i] for i in pm)  # noqa: E731
+        t.both("transpose", [p], flip(t.sshape(p), perm), flip(t.dshape(p), dperm),
+               {"permutation": perm}, {"permutation": dperm})
+        return True
+
+    def slice(self, t: TinyPair) -> bool:
+        """The same slice of the distributed block as of the global tensor (often not
+        the same elements: the rules must tell)."""
+        p = self.pick(t, lambda q: len(t.sshape(q)) == 2 and min(t.dshape(q)) >= 2)
+        if p is None:
+            return False
+        dsh, ssh = t.dshape(p), t.sshape(p)
+        size = tuple(self.rng.randint(1, x) for x in dsh)
+        start = tuple(self.rng.randint(0, x - n) for x, n in zip(dsh, size))
+        dp = dict(start_indices=start, limit_indices=tuple(a + n for a, n in zip(start, size)),
+                  strides=None)
+        sstart = tuple(min(a, x - n) for a, x, n in zip(start, ssh, size))
+        sp = dict(start_indices=sstart, limit_indices=tuple(a + n for a, n in zip(sstart, size)),
+                  strides=None)
+        t.both("slice", [p], size, size, sp, dp)
+        return True
+
+    def all_reduce(self, t: TinyPair) -> bool:
+        p = self.pick(t)
+        if p is None:
+            return False
+        kind = self.rng.choice(("sum", "sum", "max"))
+        d = t.D.op("all_reduce", [p.dist], t.dshape(p), F32,
+                   {"reducer": kind, "groups": self._groups(t)})
+        t.add(Pair(p.seq, d))
+        return True
+
+    def all_gather(self, t: TinyPair) -> bool:
+        p = self.pick(t, lambda q: len(t.dshape(q)) >= 1)
+        if p is None:
+            return False
+        dim = self.rng.randrange(len(t.dshape(p)))
+        groups = self._groups(t)
+        shape = tuple(x * len(groups[0]) if i == dim else x for i, x in enumerate(t.dshape(p)))
+        d = t.D.op("all_gather", [p.dist], shape, F32, {"dimension": dim, "groups": groups})
+        t.add(Pair(p.seq, d))
+        return True
+
+    def reduce_scatter(self, t: TinyPair) -> bool:
+        groups = self._groups(t)
+        m = len(groups[0])
+        p = self.pick(t, lambda q: len(t.dshape(q)) >= 1 and any(x % m == 0 for x in t.dshape(q)))
+        if p is None:
+            return False
+        dims = [i for i, x in enumerate(t.dshape(p)) if x % m == 0]
+        dim = self.rng.choice(dims)
+        shape = tuple(x // m if i == dim else x for i, x in enumerate(t.dshape(p)))
+        d = t.D.op("reduce_scatter", [p.dist], shape, F32,
+                   {"dimension": dim, "reducer": "sum", "groups": groups})
+        t.add(Pair(p.seq, d))
+        return True
+
+    def permute(self, t: TinyPair) -> bool:
+        p = self.pick(t)
+        if p is None:
+            return False
+        n = t.mesh.size
+        shift = self.rng.choice((1, n - 1, 0))
+        d = t.D.op("collective_permute", [p.dist], t.dshape(p), F32,
+                   {"pairs": [(r, (r + shift) % n) for r in range(n)]})
+        t.add(Pair(p.seq, d))
+        return True
+
+    def _groups(self, t: TinyPair) -> list[list[int]]:
+        n = t.mesh.size
+        ranks = list(range(n))
+        if self.rng.random() < 0.2:
+            self.rng.shuffle(ranks)
+        if n == 4 and self.rng.random() < 0.3:
+            return [ranks[:2], ranks[2:]]
+        return [ranks]
+
+    STEPS = ("unary", "binary", "scale", "dot", "dot", "reduce", "transpose", "slice",
+             "all_reduce", "all_reduce", "all_gather", "reduce_scatter", "permute")
+
+    def program(self, index: int, max_steps: int = 6) -> Problem:
+        rng = self.rng
+        t = TinyPair(Mesh(("x",), (rng.choice((2, 2, 4)),)))
+        rank = rng.choice((1, 2, 2, 2))
+        shape = _shape(rng, rank, t.mesh.size)
+        self.fresh_input(t, shape)
+        for _ in range(rng.randint(1, max_steps)):
+            for _attempt in range(4):
+                if getattr(self, rng.choice(self.STEPS))(t):
+                    break
+        return t.problem(f"fuzz{index}")
