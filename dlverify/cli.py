@@ -559,6 +559,10 @@ def zoo(
     _run_command(body)
 
 
+from dlverify.rules.command import rules_app  # noqa: E402: the `rules` command group
+app.add_typer(rules_app, name="rules")
+
+
 def main() -> None:
     code = 0
     try:
