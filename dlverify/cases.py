@@ -130,10 +130,11 @@ def build_case(path: Path, name: str, fn: Callable[[], Case]) -> Case:
 
 def run_case(path: Path, name: str, fn: Callable[[], Case], engine: str = "auto",
              keep_facts: Path | None = None, reporter: Reporter = NULL_REPORTER,
-             cache_dir: Path | None = None) -> CaseOutcome:
+             cache_dir: Path | None = None, rules_dir: Path | None = None) -> CaseOutcome:
     """Build and verify one case. Bad input inside the case raises InputError,
     also when the user's seq or dist function fails while it is traced.
-    `cache_dir`: the on-disk segment memo (dlverify/memo.py); off when None."""
+    `cache_dir`: the on-disk segment memo (dlverify/memo.py); off when None.
+    `rules_dir`: another rule set (a folder with a main.dl); the installed one when None."""
     from dlverify.api import verify_jax
 
     t0 = time.perf_counter()
@@ -142,7 +143,7 @@ def run_case(path: Path, name: str, fn: Callable[[], Case], engine: str = "auto"
     keep = keep_facts / name if keep_facts is not None else None
     try:
         res = verify_jax(c.seq, c.dist, *c.args, engine=engine, keep_facts=keep,  # type: ignore[arg-type]
-                         name=name, reporter=reporter, cache_dir=cache_dir)
+                         name=name, reporter=reporter, cache_dir=cache_dir, rules_dir=rules_dir)
     except InputError as e:
         if not e.file:  # nothing better known: point at the case
             e.file, e.line = str(path), _def_line(fn)

@@ -168,8 +168,9 @@ class _Options:
 def _check_common(engine: str, timeout: Optional[float], max_memory: Optional[str],
                   explain: Optional[str], outputs: dict[str, Optional[Path]],
                   keep_facts: Optional[Path] = None,
-                  cache: Optional[Path] = None) -> Optional[int]:
-    """Validate what is shared; returns the memory limit in bytes."""
+                  cache: Optional[Path] = None, rules: Optional[Path] = None) -> Optional[int]:
+    """Validate what is shared (--rules: the rule set fits the schema); returns the memory limit in bytes."""
+    from dlverify.rules.ruleset import checked_main
     from dlverify.supervise import check_seconds, parse_memory
 
     _engine_ok(engine)
@@ -180,6 +181,7 @@ def _check_common(engine: str, timeout: Optional[float], max_memory: Optional[st
         _writable_file(path, option)
     _writable_dir(keep_facts, "--keep-facts")
     _writable_dir(cache, "--cache")
+    checked_main(rules)
     return memory
 
 
@@ -385,6 +387,7 @@ TIMEOUT_HELP = "seconds for the whole run (exit 3 when exceeded)"
 MEMORY_HELP = "memory for each case or HLO pair, e.g. 4G or 512M (exit 3 when exceeded)"
 CACHE_HELP = ("keep segment results on disk under DIR and reuse them in later runs "
               "(keyed by content, rules and version); off by default")
+RULES_HELP = "another rule set: a folder with a main.dl, checked against the schema (README 'Rule-set research')"
 
 
 @app.command("check-jax")
@@ -402,6 +405,7 @@ def check_jax(
     timeout: Optional[float] = typer.Option(None, "--timeout", help=TIMEOUT_HELP),
     max_memory: Optional[str] = typer.Option(None, "--max-memory", help=MEMORY_HELP),
     cache: Optional[Path] = typer.Option(None, "--cache", help=CACHE_HELP),
+    rules: Optional[Path] = typer.Option(None, "--rules", help=RULES_HELP),
 ) -> None:
     """Verify the @dlverify.case functions of a Python file."""
     def body() -> None:
@@ -409,7 +413,7 @@ def check_jax(
 
         memory = _check_common(engine, timeout, max_memory, explain,
                                {"--sarif": sarif, "--junit": junit, "--graph": graph}, keep_facts,
-                               cache)
+                               cache, rules)
         ensure_host_devices()
         run = _Run(_Options(json_out, verbose, timeout, memory, sarif, junit))
         path, name = split_target(target)
@@ -424,7 +428,7 @@ def check_jax(
                 one_graph = graph if graph is None or len(names) == 1 \
                     else graph.with_name(f"{graph.stem}.{case_name}{graph.suffix}")
                 job = CaseJob(path, case_name, engine, keep_facts,
-                              Extras(explain, witness, one_graph, verbose), cache)
+                              Extras(explain, witness, one_graph, verbose), cache, rules)
                 display.start(case_name)
                 got = run.supervise(run_case_task, (job,), display)
                 display.done()
@@ -477,6 +481,7 @@ def check_hlo(
     timeout: Optional[float] = typer.Option(None, "--timeout", help=TIMEOUT_HELP),
     max_memory: Optional[str] = typer.Option(None, "--max-memory", help=MEMORY_HELP),
     cache: Optional[Path] = typer.Option(None, "--cache", help=CACHE_HELP),
+    rules: Optional[Path] = typer.Option(None, "--rules", help=RULES_HELP),
 ) -> None:
     """Verify a distributed HLO module against a sequential one."""
     def body() -> None:
@@ -484,7 +489,7 @@ def check_hlo(
 
         memory = _check_common(engine, timeout, max_memory, explain,
                                {"--sarif": sarif, "--junit": junit, "--graph": graph}, keep_facts,
-                               cache)
+                               cache, rules)
         if ranks is not None and not 1 <= ranks <= 65536:
             raise InputError(f"--ranks {ranks}: the supported range is 1..65536")
         for p in (seq, dist):
@@ -495,7 +500,7 @@ def check_hlo(
         _toml_ok(custom_calls, "--custom-calls")
         job = HloJob(seq=seq, dist=dist, spec=spec, ranks=ranks, engine=engine,
                      custom_calls=custom_calls, keep_facts=keep_facts,
-                     extras=Extras(explain, witness, graph, verbose), cache_dir=cache)
+                     extras=Extras(explain, witness, graph, verbose), cache_dir=cache, rules_dir=rules)
         _run_hlo(job, _Options(json_out, verbose, timeout, memory, sarif, junit))
 
     _run_command(body)
@@ -516,6 +521,7 @@ def check_dump(
     timeout: Optional[float] = typer.Option(None, "--timeout", help=TIMEOUT_HELP),
     max_memory: Optional[str] = typer.Option(None, "--max-memory", help=MEMORY_HELP),
     cache: Optional[Path] = typer.Option(None, "--cache", help=CACHE_HELP),
+    rules: Optional[Path] = typer.Option(None, "--rules", help=RULES_HELP),
 ) -> None:
     """Verify every SPMD-partitioned module of an XLA dump folder (before
     optimisations vs after SPMD partitioning, else after optimisations)."""
@@ -524,13 +530,13 @@ def check_dump(
 
         memory = _check_common(engine, timeout, max_memory, explain,
                                {"--sarif": sarif, "--junit": junit, "--graph": graph},
-                               cache=cache)
+                               cache=cache, rules=rules)
         if not dump_dir.is_dir():
             raise InputError("not a directory (expected an XLA dump folder written with "
                              "--xla_dump_to)", str(dump_dir))
         _toml_ok(custom_calls, "--custom-calls")
         job = HloJob(dump_dir=dump_dir, engine=engine, custom_calls=custom_calls,
-                     extras=Extras(explain, witness, graph, verbose), cache_dir=cache)
+                     extras=Extras(explain, witness, graph, verbose), cache_dir=cache, rules_dir=rules)
         _run_hlo(job, _Options(json_out, verbose, timeout, memory, sarif, junit))
 
     _run_command(body)
@@ -546,6 +552,7 @@ def zoo(
     cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", help="verdict cache (default ~/.cache/dlverify/zoo)"),
     no_cache: bool = typer.Option(False, "--no-cache", help="neither read nor write cached verdicts"),
     resume: bool = typer.Option(False, "--resume", help="keep the items an interrupted run finished"),
+    rules: Optional[Path] = typer.Option(None, "--rules", help=RULES_HELP),
     report_dir: Path = typer.Option(Path("zoo-report"), "--report-dir", help="index.html, zoo.json, junit.xml, zoo.sarif"),
 ) -> None:
     """Verify a model zoo on a pool of processes, with a cache and an HTML report (see README)."""
@@ -553,7 +560,7 @@ def zoo(
         from dlverify.zoo.command import ZooArgs, zoo_command
 
         ensure_host_devices()
-        args = ZooArgs(targets, jobs, engine, timeout, max_memory, cache_dir, no_cache, resume, report_dir)
+        args = ZooArgs(targets, jobs, engine, timeout, max_memory, cache_dir, no_cache, resume, report_dir, rules_dir=rules)
         raise typer.Exit(zoo_command(args, typer.echo, lambda line: typer.echo(line, err=True)))
 
     _run_command(body)

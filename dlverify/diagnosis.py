@@ -13,6 +13,7 @@ from dlverify.ir import Graph, Op
 from dlverify.outputs import infer_output_relation
 from dlverify.partial_tags import TRANS_BASE, full_size, group_class, is_group_axis, reindexing
 from dlverify.problem import Problem
+from dlverify.rank_flow import rank_ancestors
 from dlverify.relations import BlockRelation
 from dlverify.verdict import (UNIT_SCALE, Failure, ViewFact, fmt_offsets, parse_views, scale_value,
                               short_path)
@@ -155,16 +156,23 @@ class Judge:
         seq_anc = self._ancestor_ops(p.seq, [f[2] for f in failing])
         order = {op.id: i for i, op in enumerate(p.dist.ops)}
         dist_ops = [o for o in self.dist_frontier if o in dist_anc]
+        # ranks on which the op's result reaches a failing output
+        reach = rank_ancestors(p.dist, p.mesh, [(f[3], r) for f in failing for r in f[5]])
+        for o in dist_ops:
+            out_t = self.dist_ops[o].output
+            self.dist_frontier[o] = [r for r in self.dist_frontier[o] if (out_t, r) in reach]
+        dist_ops = [o for o in dist_ops if self.dist_frontier[o]]
         reduced_later = self._reduced_downstream()
+        live = self._live(failing)
         for op_id in sorted(dist_ops, key=order.__getitem__):
             op = self.dist_ops[op_id]
             ranks = tuple(sorted(self.dist_frontier[op_id]))
             never = (self._unreduced_partial(op, ranks[0], reduced_later)
-                     or self._missing_terms(op, ranks[0]))
+                     or self._missing_terms(op, ranks[0], live))
             if never is not None:
                 out.append(never)
                 continue
-            kind, reason = self.reason(op, ranks)
+            kind, reason = self.reason(op, ranks, live)
             msg = (f"no relation to the sequential program derived for the output of "
                    f"{op.kind} on ranks {list(ranks)}")
             views = {r: self.operand_views(op, r) for r in ranks}
@@ -229,30 +237,69 @@ class Judge:
                                    "unreduced-partial", {rank: self.operand_views(op, rank)})
         return None
 
-    def _missing_terms(self, op: Op, rank: int) -> Failure | None:
+    def _missing_terms(self, op: Op, rank: int, live: set[int]) -> Failure | None:
         """A reducing collective whose operand's partial terms, over all ranks, leave some
-        terms of the sum held by no rank: those terms were never computed (a dropped
-        micro-batch or shard), so the bug is where the partial terms were made."""
+        terms of the sum held by no rank, and no value the outputs depend on holds them
+        either: those terms were never computed, or computed and dropped (a lost
+        micro-batch or shard), so the bug is where the kept partial terms were made.
+        (Terms held by a live value are reduced separately: an unsupported pattern,
+        not a located bug.)"""
         if op.kind not in ("all_reduce", "reduce_scatter") or not op.inputs:
             return None
         x = op.inputs[0]
         mine = [v for v in self.by_dist.get((x, rank), []) if v.partial is not None]
-        # every family the rank's terms belong to must miss some terms on all ranks
+        # every family the rank's terms belong to misses some terms on all ranks
         gaps_of = [self._gaps(x, v) for v in mine]
         if not mine or not all(gaps_of):
+            return None
+        holders = {w.dist for v, gaps in zip(mine, gaps_of) for w in self._holders(v, gaps)}
+        if holders & live:
             return None
         v, gaps = mine[0], gaps_of[0]
         origin = self.origin(x, rank, [v]) or op
         red = v.partial.reducer_name
         missing = ", ".join(f"[{lo}:{hi})" for lo, hi in gaps)
+        fate = ("they are computed but dropped: no value the outputs depend on holds them"
+                if holders else "they were never computed")
         reason = (f"no rank holds the terms {missing} of the partial {red} that {op.kind} at "
-                  f"{short_path(op.loc.file)}:{op.loc.line} reduces: they were never computed "
-                  f"(a dropped micro-batch or shard?)")
+                  f"{short_path(op.loc.file)}:{op.loc.line} reduces: {fate} (a lost micro-batch "
+                  f"or shard?)")
         msg = (f"{origin.kind} produces a partial {red} on rank {rank} ({self.view_text(v)}), "
                f"but {reason}")
         return Failure(origin.kind, origin.loc.file, origin.loc.line, msg, "distributed",
                        origin.loc.frames, (rank,), reason, "missing-terms",
                        {rank: self.operand_views(op, rank)})
+
+    def _interleaved(self, op: Op, live: set[int]) -> bool:
+        """Every group of the collective sums pairwise disjoint terms of one family, the
+        operand misses terms on all ranks, and values the outputs depend on hold them."""
+        x = op.inputs[0]
+        first = next((v for r in range(self.p.mesh.size) for v in self.by_dist.get((x, r), [])
+                      if v.partial is not None), None)
+        if first is None:
+            return False
+        for group in op.params.get("groups", []):
+            ranges = []
+            for r in group:
+                mine = [v for v in self.by_dist.get((x, r), []) if v.partial is not None
+                        and (v.seq, v.partial.op, v.partial.axis)
+                        == (first.seq, first.partial.op, first.partial.axis)]
+                if not mine:
+                    return False
+                ranges.append((mine[0].partial.lo, mine[0].partial.hi))
+            ranges.sort()
+            if any(hi > lo for (_, hi), (lo, _) in zip(ranges, ranges[1:])):
+                return False   # overlapping terms: counted twice
+        gaps = self._gaps(x, first)
+        return bool(gaps) and any(w.dist in live for w in self._holders(first, gaps))
+
+    def _holders(self, v: ViewFact, gaps: list[tuple[int, int]]) -> list[ViewFact]:
+        """The views of any distributed value, on any rank, holding terms of v's family
+        inside the gaps."""
+        return [w for w in self.views
+                if w.partial is not None and w.seq == v.seq and w.partial.op == v.partial.op
+                and w.partial.axis == v.partial.axis and w.partial.reducer == v.partial.reducer
+                and any(w.partial.lo < hi and lo < w.partial.hi for lo, hi in gaps)]
 
     def _gaps(self, x: int, v: ViewFact) -> list[tuple[int, int]]:
         """The terms of v's family that no rank's view of x (same block and scale) holds."""
@@ -297,7 +344,7 @@ class Judge:
                     if t in prod and prod[t].kind == "constant" else "no view")
                 for t in op.inputs]
 
-    def reason(self, op: Op, ranks: tuple[int, ...]) -> tuple[str, str]:
+    def reason(self, op: Op, ranks: tuple[int, ...], live: set[int]) -> tuple[str, str]:
         """The recognised pattern (a FAILURE_KINDS key) and a plain-language reason."""
         r = ranks[0]
         ins = [self.by_dist.get((t, r), []) for t in op.inputs]
@@ -321,6 +368,11 @@ class Judge:
             return "nonlinear-on-partial", "nonlinear op applied to a partial sum: reduce first"
         if k in ("mul", "dot_general") and all(partial) and len(partial) == 2:
             return "partial-times-partial", "multiplies two partial sums: reduce one of them first"
+        if k in ("all_reduce", "reduce_scatter") and op.inputs and self._interleaved(op, live):
+            return "interleaved-terms", (
+                f"{k} sums disjoint partial terms that form no range the rules track, and the "
+                f"other terms are reduced separately (micro-batches or shards reduced step by "
+                f"step in an interleaved order): not supported yet, not necessarily a bug")
         if k in ("all_reduce", "reduce_scatter") and op.inputs:
             text = self.group_reason(op)
             return ("wrong-group" if text else "no-relation"), text
@@ -379,12 +431,25 @@ class Judge:
         return (f"{op.kind} over groups {groups}, but the members of {bad or groups} do not hold "
                 f"ranges that tile {what} (0:{full}); partial terms held: {holdings}")
 
+    def _live(self, failing: list) -> set[int]:
+        """The distributed values the failing outputs depend on."""
+        anc = self._ancestor_ops(self.p.dist, [f[3] for f in failing])
+        return {self.dist_ops[o].output for o in anc if o in self.dist_ops} | set(self.p.dist.inputs)
+
     def output_failures(self, failing: list) -> list[Failure]:
         out = []
+        live = self._live(failing)
         for idx, name, s, d, rel, bad in failing:
             prod = self.dist_prod.get(d)
             for r in bad[:1] if len(bad) > 1 else bad:
                 vs = self.by_seq_dist.get((s, d, r), [])
+                # a partial result of a collective whose operand lacks terms on every rank
+                made = self.origin(d, r, vs) if vs and vs[0].partial is not None else None
+                lost = (self._missing_terms(made, r, live)
+                        if made is not None and made.kind in ("all_reduce", "reduce_scatter") else None)
+                if lost is not None:
+                    out.append(lost)
+                    continue
                 kind = "no-relation"
                 if rel is None:
                     msg = f"{name}: no expected relation given"

@@ -96,19 +96,22 @@ def relate_elided_constants(problem: Problem) -> None:
 def verify_hlo(seq_path: str | Path, dist_path: str | Path, spec_path: str | Path | None = None,
                ranks: int | None = None, engine: EngineName = "auto",
                window: int = DEFAULT_WINDOW, custom_calls: str | Path | dict | None = None,
-               keep_facts: Path | None = None, cache_dir: Path | None = None) -> Result:
+               keep_facts: Path | None = None, cache_dir: Path | None = None,
+               rules_dir: Path | None = None) -> Result:
     """Prove that the distributed (SPMD, per-rank) HLO module computes what the
     sequential one computes. `spec_path`: the relation spec TOML (see
     dlverify/spec.py); `ranks` overrides its rank count; `custom_calls`: a
     custom-call registry file merged over the built-in one (or a loaded registry);
-    `cache_dir`: the on-disk segment memo (dlverify/memo.py), off when None."""
+    `cache_dir`: the on-disk segment memo (dlverify/memo.py), off when None;
+    `rules_dir`: another rule set (a folder with a main.dl), checked against the schema."""
     t0 = time.perf_counter()
     spec = load_spec(spec_path) if spec_path is not None else None
     problem = hlo_problem(seq_path, dist_path, spec, ranks, IdAllocator(),
                           custom_calls=_registry(custom_calls))
     relate_elided_constants(problem)
     return verify_problem(problem, engine=engine, window=window, keep_facts=keep_facts,
-                          timings={"parse": time.perf_counter() - t0}, cache_dir=cache_dir)
+                          timings={"parse": time.perf_counter() - t0}, cache_dir=cache_dir,
+                          rules_dir=rules_dir)
 
 
 def _registry(custom_calls: str | Path | dict | None) -> dict | None:
@@ -173,7 +176,8 @@ def dump_modules(dump_dir: str | Path) -> list[DumpModule]:
 
 def verify_dump(dump_dir: str | Path, engine: EngineName = "auto", window: int = DEFAULT_WINDOW,
                 custom_calls: str | Path | dict | None = None,
-                cache_dir: Path | None = None) -> list[tuple[str, Result]]:
+                cache_dir: Path | None = None,
+                rules_dir: Path | None = None) -> list[tuple[str, Result]]:
     """One verdict per SPMD-partitioned module of an XLA dump folder: the module
     before optimisations (the sequential program, global shapes) against the
     module after SPMD partitioning (dump with
@@ -182,7 +186,8 @@ def verify_dump(dump_dir: str | Path, engine: EngineName = "auto", window: int =
     expected output relations from the root sharding before optimisations
     (inferred from the views where there is none). Modules that were not
     partitioned (one device) are left out. `cache_dir`: the on-disk segment
-    memo (dlverify/memo.py), shared by the modules; off when None."""
+    memo (dlverify/memo.py), shared by the modules; off when None. `rules_dir`: another
+    rule set (a folder with a main.dl)."""
     from dlverify.frontends.hlo import root_output_relations
     from dlverify.frontends.hlo.pairing import pair_modules
 
@@ -203,7 +208,8 @@ def verify_dump(dump_dir: str | Path, engine: EngineName = "auto", window: int =
                                name=f"{mod.name} (before optimizations vs {mod.stage})")
         relate_elided_constants(problem)
         res = verify_problem(problem, engine=engine, window=window,
-                             timings={"parse": time.perf_counter() - t0}, cache_dir=cache_dir)
+                             timings={"parse": time.perf_counter() - t0}, cache_dir=cache_dir,
+                             rules_dir=rules_dir)
         results.append((mod.name, res))
     if not results:
         raise InputError("no SPMD-partitioned module in this folder (dump a program jitted "

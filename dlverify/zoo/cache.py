@@ -75,11 +75,13 @@ def code_roots() -> tuple[Path, ...]:
 
 
 @cache
-def salt(engine: str) -> str:
-    """Rule set, dlverify version and source, engine, Python: part of every key."""
+def salt(engine: str, rules_dir: Path | None = None) -> str:
+    """Rule set (the installed one, or --rules), dlverify version and source, engine, Python:
+    part of every key."""
     from dlverify.memo import rules_hash
 
-    main_dl = Path(str(resources.files("dlverify.datalog").joinpath("main.dl")))
+    main_dl = Path(str(resources.files("dlverify.datalog").joinpath("main.dl"))) if rules_dir is None \
+        else Path(rules_dir) / "main.dl"
     versions = []
     for dist in ("dlverify", "jax", "jaxlib", "clingo"):  # the frontends trace with JAX
         try:

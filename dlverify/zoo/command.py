@@ -30,6 +30,7 @@ class ZooArgs:
     no_cache: bool = False
     resume: bool = False
     report_dir: Path = Path("zoo-report")
+    rules_dir: Path | None = None  # --rules: another rule set (a folder with a main.dl)
 
 
 def _writable_dir(path: Path, option: str) -> None:
@@ -56,7 +57,10 @@ def options_of(args: ZooArgs) -> ZooOptions:
     cache_dir = args.cache_dir or default_cache_dir()
     _writable_dir(cache_dir, "--cache-dir")
     _writable_dir(args.report_dir, "--report-dir")
-    return ZooOptions(args.jobs, args.engine, ItemLimits(args.timeout, memory), cache_dir,
+    from dlverify.rules.ruleset import checked_main
+
+    rules_dir = checked_main(args.rules_dir).parent if args.rules_dir is not None else None
+    return ZooOptions(args.jobs, args.engine, ItemLimits(args.timeout, memory), cache_dir, rules_dir=rules_dir,
                       use_cache=not args.no_cache, resume=args.resume)
 
 

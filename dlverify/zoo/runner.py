@@ -43,6 +43,7 @@ class ZooOptions:
     cache_dir: Path = field(default_factory=C.default_cache_dir)
     use_cache: bool = True             # --no-cache: neither read nor write verdicts
     resume: bool = False               # keep the finished items of the interrupted run
+    rules_dir: Path | None = None      # --rules: another rule set; the installed one when None
 
 
 class Display(Protocol):
@@ -133,7 +134,7 @@ class _Runner:
     def __init__(self, entries: list[Entry], options: ZooOptions, display: Display) -> None:
         self.options = options
         self.display = display
-        self.salt = C.salt(options.engine)
+        self.salt = C.salt(options.engine, options.rules_dir)
         self.cache = C.ZooCache(options.cache_dir, options.use_cache)
         run_key = C.digest_bytes(self.salt, repr(entries), repr(options.limits))
         self.journal = C.Journal(options.cache_dir, run_key, options.resume)
@@ -169,7 +170,7 @@ class _Runner:
                           ("custom_calls", e.custom_calls))]
                 key = C.digest_bytes(self.salt, "hlo", *parts, f"ranks={e.ranks}",
                                      f"expect={e.expect}", f"name={e.label}")
-                job = HloJob(e.label, e, self.options.engine, self.segments)
+                job = HloJob(e.label, e, self.options.engine, self.segments, self.options.rules_dir)
                 works.append(_Work((i,), key, e.label, "hlo", str(e.dist), e.label, e.expect,
                                    hlo_task, (job,), limits))
             else:
@@ -177,7 +178,7 @@ class _Runner:
                 calls = self._digest(e.custom_calls) if e.custom_calls else ""
                 key = C.digest_bytes(self.salt, "dump", self._digest(e.path), calls,
                                      f"expect={e.expect}")
-                job = DumpJob(str(e.path), e, self.options.engine, self.segments)
+                job = DumpJob(str(e.path), e, self.options.engine, self.segments, self.options.rules_dir)
                 works.append(_Work((i,), key, str(e.path), "dump", str(e.path), "", e.expect,
                                    dump_task, (job,), limits))
         return works
@@ -186,7 +187,7 @@ class _Runner:
                    limits: ItemLimits) -> _Work:
         key = C.digest_bytes(self.salt, "case", self._digest(path), name)
         item_id = f"{path}::{name}"
-        job = CaseJob(item_id, path, name, self.options.engine, self.segments)
+        job = CaseJob(item_id, path, name, self.options.engine, self.segments, self.options.rules_dir)
         return _Work(order, key, item_id, "case", str(path), name, "verified", case_task, (job,),
                      limits)
 

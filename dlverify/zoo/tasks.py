@@ -32,6 +32,7 @@ class CaseJob:
     name: str
     engine: str
     segment_cache: Path | None  # the on-disk segment memo shared by the zoo's items
+    rules_dir: Path | None = None  # --rules: another rule set; the installed one when None
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class HloJob:
     entry: HloEntry
     engine: str
     segment_cache: Path | None
+    rules_dir: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class DumpJob:
     entry: DumpEntry
     engine: str
     segment_cache: Path | None
+    rules_dir: Path | None = None
 
 
 @dataclass
@@ -101,7 +104,8 @@ def case_task(job: CaseJob, reporter: Reporter = NULL_REPORTER) -> ChildValue:
     imported = _ImportedFiles()
     reporter.phase("import")
     fn = dict(load_cases(job.path, job.name))[job.name]
-    o = run_case(job.path, job.name, fn, job.engine, None, reporter, cache_dir=job.segment_cache)
+    o = run_case(job.path, job.name, fn, job.engine, None, reporter, cache_dir=job.segment_cache,
+                 rules_dir=job.rules_dir)
     reporter.phase("report")
     result = _result(job.item_id, "case", o, outcome_text(o))
     return ChildValue([], [result], imported.digests())
@@ -116,7 +120,7 @@ def hlo_task(job: HloJob, reporter: Reporter = NULL_REPORTER) -> ChildValue:
     reporter.phase("parse")
     t0 = time.perf_counter()
     res = verify_hlo(e.seq, e.dist, e.spec, ranks=e.ranks, engine=job.engine,  # type: ignore[arg-type]
-                     custom_calls=e.custom_calls, cache_dir=job.segment_cache)
+                     custom_calls=e.custom_calls, cache_dir=job.segment_cache, rules_dir=job.rules_dir)
     secs = time.perf_counter() - t0
     reporter.phase("report")
     o = CaseOutcome(e.label, str(e.dist), e.expect, res, seconds=secs)
@@ -134,7 +138,7 @@ def dump_task(job: DumpJob, reporter: Reporter = NULL_REPORTER) -> ChildValue:
     reporter.phase("parse")
     t0 = time.perf_counter()
     modules = verify_dump(e.path, engine=job.engine, custom_calls=e.custom_calls,  # type: ignore[arg-type]
-                          cache_dir=job.segment_cache)
+                          cache_dir=job.segment_cache, rules_dir=job.rules_dir)
     if not modules:
         raise InputError("no SPMD-partitioned module in this dump folder", str(e.path))
     secs = (time.perf_counter() - t0) / len(modules)
