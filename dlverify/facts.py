@@ -20,7 +20,7 @@ from dlverify import layout_algebra
 from dlverify import schema as S
 from dlverify.errors import InputError
 from dlverify.ir import Graph, Op
-from dlverify.ops import KINDS
+from dlverify.ops import KINDS, data_operands
 from dlverify.ops.export import (  # noqa: F401
     REDUCER_CODE,
     Site,
@@ -107,6 +107,9 @@ class Exporter:
         site = Site(g, op, fold, dist, [g.tensors[i].shape for i in op.inputs],
                     g.tensors[op.output].shape)
         self.add(S.OP_SIG, op.id, self.sig(KINDS[op.kind].export(self, site)))
+        moved = data_operands(op.kind, len(op.inputs))
+        if moved:
+            self.add(S.MOVES_DATA, op.id, moved)
 
     # ------------------------------------------------------------------ boundary
     def boundary(self) -> None:

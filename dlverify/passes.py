@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dlverify.ir import Graph, Mesh, Op
-from dlverify.ops import KINDS, Family, NotExecutable, evaluate, exact_dtype
+from dlverify.ops import KINDS, Family, NotExecutable, data_operands, evaluate, exact_dtype
 
 SMALL = 64  # arrays up to this many elements are folded in full
 
@@ -69,6 +69,21 @@ def _value(graph: Graph, op: Op, ins: list[np.ndarray], mesh: Mesh | None, rank:
         return None
 
 
+def _picked_splats(inputs: list[int], splat: dict[int, list[float]], ranks: int) -> list[float] | None:
+    """select_n(index, case0, case1, ...) per rank, when the index holds one value
+    there and the case it picks holds one value: that value."""
+    out = []
+    for r in range(ranks):
+        idx = splat[inputs[0]][r]
+        if float(idx) != int(idx) or not 0 <= int(idx) < len(inputs) - 1:
+            return None
+        case = inputs[1 + int(idx)]
+        if case not in splat:
+            return None
+        out.append(splat[case][r])
+    return out
+
+
 def fold(graph: Graph, mesh: Mesh | None) -> Folded:
     ranks = mesh.size if mesh is not None else 1
     res = Folded(ranks)
@@ -116,6 +131,15 @@ def fold(graph: Graph, mesh: Mesh | None) -> Folded:
         kind = KINDS[op.kind]
         if kind.copies_operand0 and op.inputs and op.inputs[0] in splat:
             splat[op.output] = list(splat[op.inputs[0]])
+        elif op.kind == "select_n" and op.inputs and op.inputs[0] in splat:
+            picked = _picked_splats(op.inputs, splat, ranks)
+            if picked is not None:
+                splat[op.output] = picked
+        elif data_operands(op.kind, len(op.inputs)) > 1:
+            # every element comes from operands holding one value v: the result is v
+            data = op.inputs[:data_operands(op.kind, len(op.inputs))]
+            if all(i in splat and splat[i] == splat[data[0]] for i in data):
+                splat[op.output] = list(splat[data[0]])
         elif kind.family is Family.ELEMENTWISE and op.inputs and all(i in splat for i in op.inputs):
             vals = []
             for r in range(ranks):

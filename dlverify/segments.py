@@ -440,9 +440,12 @@ def _judge_outputs(index: _Index, known: set[ViewRow], main_dl: Path,
 
 def _frontiers(problem: Problem, tables: FactTables, known: set[ViewRow]) -> dict[str, list[tuple]]:
     """Seq_Frontier and Dist_Frontier of the union of the views, as datalog/verdict.dl
-    defines them: ops whose operands are all related (or constants) but whose result is not."""
+    defines them: ops whose operands are all related (or constants) but whose result is not.
+    (Zero, derived per segment, is not carried here: a failing deep run may list an op
+    reading a tensor that is zero on some rank.)"""
     ranks = range(int(tables[S.RANK_COUNT][0][0])) if tables.get(S.RANK_COUNT) else range(1)
     iota_ops = {row[0] for row in tables.get(S.IOTA_DIM, [])}
+    iota_ops |= {row[0] for row in tables.get(S.KNOWN_CONST, [])}  # known constants, too
     seq_has = {v[0] for v in known} | {row[0] for row in tables.get(S.SEQ_SPLAT, [])}
     seq_has |= {op.output for op in problem.seq.ops if op.id in iota_ops}
     dist_has = {(v[1], v[2]) for v in known} | {(row[0], row[1]) for row in tables.get(S.DIST_SPLAT, [])}

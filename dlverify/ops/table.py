@@ -201,6 +201,14 @@ _KINDS: list[OpKind] = [
 ]
 
 KINDS: dict[str, OpKind] = {k.name: k for k in _KINDS}
+
+
+def data_operands(kind: str, n_inputs: int) -> int:
+    """How many leading operands every output element of `kind` is copied from
+    (0: the kind computes, or moves elements of only some of them by index)."""
+    if KINDS[kind].copies_operand0:
+        return 1
+    return {"concatenate": n_inputs, "pad": 2, "dynamic_update_slice": 2}.get(kind, 0)
 assert len(KINDS) == len(_KINDS), "an op kind is declared twice"
 
 
