@@ -254,6 +254,31 @@ def test_blocks_from_two_ranks_in_one_column_do_not_complete():
     assert {v.partial.lo for v in out.views(ys, wrong, 1)} == {2}
 
 
+def test_micro_batches_reduced_one_by_one_over_two_axes_are_reported_as_unsupported():
+    # rank (a, b) holds rows 4q..4q+3 (q = 2a + b), micro-batch i its rows 4q + 2i, +2;
+    # each micro-batch is reduced over "a" and then over "b" before the accumulation:
+    # correct, but the second level sums terms interleaved twice over (not tracked)
+    mesh = Mesh(("a", "b"), (2, 2))
+    t = Tiny(mesh=mesh)
+    xs, xd = t.input((3, 16), (None, ("a", "b")))
+    ws, wd = t.input((16, 5), (("a", "b"), None))
+    ys = t.sop("dot_general", [xs, ws], (3, 5), **DOT)
+    done = []
+    for i in (0, 2):
+        xi = t.dop("slice", [xd], (3, 2), start_indices=(0, i), limit_indices=(3, i + 2), strides=None)
+        wi = t.dop("slice", [wd], (2, 5), start_indices=(i, 0), limit_indices=(i + 2, 5), strides=None)
+        yi = t.dop("dot_general", [xi, wi], (3, 5), **DOT)
+        over_a = t.dop("all_reduce", [yi], (3, 5), reducer="sum", groups=mesh.groups(("a",)))
+        done.append(t.dop("all_reduce", [over_a], (3, 5), reducer="sum", groups=mesh.groups(("b",))))
+    total = t.dop("add", done, (3, 5))
+    t.output(ys, total)
+    out = t.run()
+    assert not out.result.verified
+    first = out.result.failures[0]
+    assert (first.op, first.kind) == ("all_reduce", "interleaved-terms")
+    assert all(f.kind not in ("wrong-group", "missing-terms") for f in out.result.failures)
+
+
 # ---------------------------------------------------------------- partial maxima (diagnosis)
 
 def _partial_maxima(t: Tiny):
