@@ -8,6 +8,7 @@ Modules, in the order a run uses them:
 - tasks: what runs in a child (list a file's cases, verify an item, with the details
   the HTML page shows and the Python files the item imported)
 - runner: the pool (threads, each waiting on one dlverify.supervise child), the run's results
+- ray_backend: --ray, the same children run by Ray tasks on a cluster's workers
 - display: the rich progress bar and live table, or one line per item
 - svg, html, outputs: the failing subgraph as inline SVG, the HTML page, the report files
 

@@ -30,6 +30,7 @@ class ZooArgs:
     no_cache: bool = False
     resume: bool = False
     report_dir: Path = Path("zoo-report")
+    ray: str | None = None  # --ray auto|ADDRESS: the items as Ray tasks
     rules_dir: Path | None = None  # --rules: another rule set (a folder with a main.dl)
 
 
@@ -57,11 +58,17 @@ def options_of(args: ZooArgs) -> ZooOptions:
     cache_dir = args.cache_dir or default_cache_dir()
     _writable_dir(cache_dir, "--cache-dir")
     _writable_dir(args.report_dir, "--report-dir")
+    if args.ray is not None:
+        from dlverify.zoo.ray_backend import import_ray
+
+        if not args.ray.strip():
+            raise InputError("--ray: expected auto or the address of a Ray cluster (host:port)")
+        import_ray()  # missing: one line naming the extra to install
     from dlverify.rules.ruleset import checked_main
 
     rules_dir = checked_main(args.rules_dir).parent if args.rules_dir is not None else None
     return ZooOptions(args.jobs, args.engine, ItemLimits(args.timeout, memory), cache_dir, rules_dir=rules_dir,
-                      use_cache=not args.no_cache, resume=args.resume)
+                      use_cache=not args.no_cache, resume=args.resume, ray=args.ray)
 
 
 def _live() -> bool:

@@ -8,6 +8,8 @@ a child too: importing runs the user's code), then each case is an item.
 Before an item runs, the resume journal (--resume) and the verdict cache are
 asked for it (dlverify/zoo/cache.py); a case file's list of cases is cached
 as well, so a run that the cache serves entirely starts no child at all.
+With --ray the threads wait on Ray tasks instead, each running the same
+supervised child on a worker (dlverify/zoo/ray_backend.py): same results.
 
 Exit code of a run (`ZooRun.code`), as for check-jax, the highest applying:
 0 every item's verdict is the expected one; 1 some verdict differs from its
@@ -44,6 +46,7 @@ class ZooOptions:
     use_cache: bool = True             # --no-cache: neither read nor write verdicts
     resume: bool = False               # keep the finished items of the interrupted run
     rules_dir: Path | None = None      # --rules: another rule set; the installed one when None
+    ray: str | None = None             # --ray: "auto" or a cluster's address; None: local pool
 
 
 class Display(Protocol):
@@ -229,7 +232,16 @@ class _Runner:
         self.display.add_total(len(works))
         for w in works:
             self.consider(w)
-        if self.pending:
+        submit: Callable[..., Any] = run_supervised
+        ray_pool = None
+        if self.pending and self.options.ray is not None:
+            # Ray tasks instead of local children (dlverify/zoo/ray_backend.py): joined
+            # only when something runs, so a run the cache serves starts no cluster.
+            from dlverify.zoo.ray_backend import RayPool
+
+            ray_pool = RayPool.connect(self.options.ray)
+            submit = ray_pool.run
+        elif self.pending:
             run_supervised(ready_task, ())  # see ready_task; how it ends does not matter
         jobs = max(1, self.options.jobs)
         pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="dlverify-zoo")
@@ -241,14 +253,16 @@ class _Runner:
                     self.display.started(w.item_id)
                     on_event = (lambda ev, item=w.item_id: self.display.event(item, ev))
                     limits = Limits(w.limits.seconds, w.limits.memory_bytes)
-                    running[pool.submit(run_supervised, w.task, w.args, limits, None,
-                                        on_event)] = w
+                    running[pool.submit(submit, w.task, w.args, limits, None, on_event)] = w
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for fut in done:
                     self._ended(running.pop(fut), fut.result())
         except BaseException:
             pool.shutdown(wait=False, cancel_futures=True)
             raise
+        finally:
+            if ray_pool is not None:
+                ray_pool.close()
         pool.shutdown(wait=True)
 
     def _ended(self, w: _Work, outcome: Any) -> None:

@@ -1,0 +1,86 @@
+"""`dlverify zoo --ray`: a small zoo (the smallest example cases, a hung and a
+crashing item) on a local Ray cluster (127.0.0.1, two CPUs, no dashboard)
+gives the local pool's verdicts; the CLI joins a running cluster by its
+address; without Ray, `--ray` is one line naming the extra, exit 2.
+
+One cluster for the module (its start-up is the slow part); the whole file
+stays under a minute."""
+import json
+import logging
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dlverify.cli import app
+from dlverify.zoo import ZooOptions, run_zoo
+from dlverify.zoo.display import status_lines
+from dlverify.zoo.items import entries_of
+
+from test_zoo import CRASHES, HANGS, tiny, write
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+# The smallest bundled cases: a verified one and a planted bug found as expected.
+SMALL_CASES = [("ring_shift.py", "ring_shift"),
+               ("ring_shift.py", "ring_shift_bug_wrong_direction")]
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local cluster for this module, on 127.0.0.1; its GCS address."""
+    ray = pytest.importorskip("ray", reason="the Ray extra is not installed: pip install "
+                                            "'dlverify[ray]'")
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
+             logging_level=logging.WARNING)
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+
+
+def without_seconds(line: str) -> str:
+    return re.sub(r"  \d+\.\d\ds$", "", line)
+
+
+def test_ray_gives_the_local_pools_verdicts(ray_cluster, tmp_path):
+    """The command, as a user runs it, joins the cluster by its address (a second
+    driver); its item lines are the local pool's, times left out."""
+    manifest = write(tmp_path, "zoo.toml", "".join(
+        f'[[cases]]\npath = "{EXAMPLES / file}"\nname = "{name}"\n' for file, name in SMALL_CASES)
+        + '[[cases]]\npath = "hangs.py"\ntimeout = 3\n[[cases]]\npath = "crashes.py"\n')
+    write(tmp_path, "hangs.py", HANGS)
+    write(tmp_path, "crashes.py", CRASHES)
+    out = tmp_path / "out"
+    res = subprocess.run([sys.executable, "-m", "dlverify.cli", "zoo", str(manifest), "--jobs", "2",
+                          "--engine", "clingo", "--ray", ray_cluster, "--cache-dir",
+                          str(tmp_path / "cache"), "--report-dir", str(out)],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert res.returncode == 3, res.stdout + res.stderr  # the hang: out of its time limit
+    *lines, summary = res.stdout.splitlines()
+    local = run_zoo(entries_of([str(manifest)]),
+                    ZooOptions(jobs=2, engine="clingo", cache_dir=tmp_path / "cache",
+                               use_cache=False))
+    assert sorted(map(without_seconds, lines)) == sorted(
+        without_seconds(line) for r in local.results for line in status_lines(r))
+    assert summary.split(";")[0] == local.summary().split(";")[0] == (
+        "summary: 4 items: 1 verified, 1 bug found as expected, 0 mismatches, 2 errors "
+        "(1 out of time, 1 crashed)")
+    assert any(line.startswith("ERROR") and "hangs.py::hangs: out of time after 3 s" in line
+               for line in lines)
+    assert any(line.startswith("ERROR") and "SIGSEGV" in line for line in lines)
+    report = json.loads((out / "zoo.json").read_text())
+    assert len(report["cases"]) == 4 and (out / "index.html").is_file()
+
+
+def test_without_ray_the_option_names_the_extra(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    tiny(tmp_path, "x.py")
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    res = CliRunner().invoke(app, ["zoo", "x.py", "--ray", "auto", "--cache-dir",
+                                   str(tmp_path / "c"), "--report-dir", str(tmp_path / "out")])
+    assert res.exit_code == 2
+    assert res.output.count("\n") == 1 and "pip install 'dlverify[ray]'" in res.output
+    assert not (tmp_path / "out" / "index.html").exists()
