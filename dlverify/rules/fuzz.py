@@ -21,6 +21,7 @@ import numpy as np
 
 from dlverify.errors import InputError
 from dlverify.numeric import Run, reduced_size, run_both, view_error
+from dlverify.ops.semantics import NotExecutable
 from dlverify.problem import Problem
 from dlverify.rules.gen import Generator
 from dlverify.rules.provenance import TracedModel, traced_run
@@ -56,7 +57,7 @@ class CheckReport:
     rules: RuleSet
     view_rules: list[RuleRef]
     trials: int = 0
-    refused: int = 0  # programs the pipeline refused (an InputError of the export)
+    refused: int = 0  # programs the export refused (InputError) or the interpreter cannot run
     fired: dict[RuleRef, int] = field(default_factory=dict)  # firings over all trials
     unsound: dict[RuleRef, Counterexample] = field(default_factory=dict)
     wrong_views: int = 0
@@ -77,12 +78,15 @@ def _finite(run: Run, v: ViewFact) -> bool:
         bool(np.all(np.isfinite(np.asarray(run.seq[v.seq][0], dtype=np.float64))))
 
 
-def wrong_views(problem: Problem, views: list[ViewFact], seeds: tuple[int, ...] = NUMERIC_SEEDS
-                ) -> list[WrongView]:
-    """The views (and members of tiling partial families) refuted on random data."""
+def numeric_runs(problem: Problem, seeds: tuple[int, ...] = NUMERIC_SEEDS) -> list[Run]:
+    """Both programs on random inputs, once per seed (raises NotExecutable)."""
+    return [run_both(problem, seed) for seed in seeds]
+
+
+def wrong_views(problem: Problem, views: list[ViewFact], runs: list[Run]) -> list[WrongView]:
+    """The views (and members of tiling partial families) that the runs refute."""
     out: dict[ViewFact, WrongView] = {}
-    for seed in seeds:
-        run = run_both(problem, seed)
+    for run in runs:
         for v in views:
             if v.partial is not None or v in out or not _finite(run, v):
                 continue
@@ -152,19 +156,41 @@ def view_text(v: ViewFact) -> str:
     return f"View(seq t{v.seq}, dist t{v.dist}, rank {v.rank}, offsets {v.offsets}{tag}, scale {v.scale})"
 
 
-def _blame(model: TracedModel, wrong: dict[tuple, WrongView], report: CheckReport, trial: int,
-           seed: int, problem: Problem) -> None:
+@dataclass
+class _Trial:
+    """One random program, its facts and the numeric runs its views are checked against."""
+
+    index: int
+    problem: Problem
+    tables: dict
+    runs: list[Run]
+
+    def wrong(self, rules: RuleSet, drop: int | None = None) -> tuple[TracedModel, dict[tuple, WrongView]]:
+        """The traced model (without clause `drop`) and its wrong View rows."""
+        model = traced_run(rules, self.tables, heads={VIEW}, premises=frozenset({VIEW}), drop=drop)
+        rows = model.relations[VIEW]
+        views = parse_views(rows)
+        by_view = dict(zip(views, rows))
+        return model, {by_view[w.view]: w for w in wrong_views(self.problem, views, self.runs)}
+
+
+def _blame(rules: RuleSet, model: TracedModel, wrong: dict[tuple, WrongView], report: CheckReport,
+           trial: _Trial, seed: int) -> None:
+    """A View rule is blamed for a wrong view its body derives from right View premises, when
+    the rule set without it derives no wrong view at all on this program (so a rule downstream
+    of the culprit, e.g. the assembler reading helper relations, is not blamed; two culprits in
+    one program wait for a program that separates them)."""
     for rule, firings in model.firings.items():
         report.fired[rule] = report.fired.get(rule, 0) + len(firings)
+    for rule, firings in model.firings.items():
         if rule in report.unsound:
             continue
-        for f in firings:
-            w = wrong.get(f.head)
-            if w is None or any(p in wrong for p in f.premises):
-                continue
-            report.unsound[rule] = Counterexample(rule, trial, seed, program_text(problem), w,
-                                                  parse_views(list(f.premises)))
-            break
+        suspect = next((f for f in firings if f.head in wrong
+                        and not any(p in wrong for p in f.premises)), None)
+        if suspect is None or trial.wrong(rules, drop=rule.index)[1]:
+            continue
+        report.unsound[rule] = Counterexample(rule, trial.index, seed, program_text(trial.problem),
+                                              wrong[suspect.head], parse_views(list(suspect.premises)))
 
 
 def check_rules(rules: RuleSet, trials: int = 200, seconds: float | None = 60.0, seed: int = 0,
@@ -186,13 +212,15 @@ def check_rules(rules: RuleSet, trials: int = 200, seconds: float | None = 60.0,
         except InputError:
             report.refused += 1
             continue
-        model = traced_run(rules, tables, heads={VIEW}, premises=frozenset({VIEW}))
-        rows = model.relations[VIEW]
-        views = parse_views(rows)
-        by_view = dict(zip(views, rows))
-        report.checked_views += len(views)
-        bad = wrong_views(problem, views)
-        report.wrong_views += len(bad)
-        _blame(model, {by_view[w.view]: w for w in bad}, report, trial, seed, problem)
+        try:
+            runs = numeric_runs(problem)
+        except NotExecutable:
+            report.refused += 1
+            continue
+        one = _Trial(trial, problem, tables, runs)
+        model, wrong = one.wrong(rules)
+        report.checked_views += len(model.relations[VIEW])
+        report.wrong_views += len(wrong)
+        _blame(rules, model, wrong, report, one, seed)
     report.seconds = time.monotonic() - start
     return report

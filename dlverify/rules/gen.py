@@ -184,7 +184,7 @@ class Generator:
         if p is None:
             return False
         dsh, ssh = t.dshape(p), t.sshape(p)
-        size = tuple(self.rng.randint(1, x) for x in dsh)
+        size = tuple(self.rng.randint(1, min(x, y)) for x, y in zip(dsh, ssh))
         start = tuple(self.rng.randint(0, x - n) for x, n in zip(dsh, size))
         dp = dict(start_indices=start, limit_indices=tuple(a + n for a, n in zip(start, size)),
                   strides=None)

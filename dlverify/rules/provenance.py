@@ -59,17 +59,18 @@ def _named(t, counter: list[int]):
     return t
 
 
-def instrument(program: Program, heads: set[str] | None,
-               premises: frozenset[str] = frozenset()) -> tuple[Program, dict[str, RuleRef], dict[str, int]]:
-    """A copy of `program` with a twin per rule whose head is in `heads` (all when None).
-    Returns the copy, twin relation -> rule, and twin relation -> number of head columns."""
+def instrument(program: Program, heads: set[str] | None, premises: frozenset[str] = frozenset(),
+               drop: int | None = None) -> tuple[Program, dict[str, RuleRef], dict[str, int]]:
+    """A copy of `program` without clause `drop` (when given) and with a twin per rule whose
+    head is in `heads` (all when None). Returns the copy, twin relation -> rule, and twin
+    relation -> number of head columns."""
     prog = copy.copy(program)
     prog.decls = dict(program.decls)
-    prog.clauses = list(program.clauses)
+    prog.clauses = [c for i, c in enumerate(program.clauses) if i != drop]
     twins: dict[str, RuleRef] = {}
     head_width: dict[str, int] = {}
     for i, c in enumerate(program.clauses):
-        if not c.body or (heads is not None and c.head.rel not in heads):
+        if i == drop or not c.body or (heads is not None and c.head.rel not in heads):
             continue
         name = f"{FIRED}{i}"
         columns = list(program.decls[c.head.rel].columns)
@@ -101,12 +102,12 @@ def _split(row: tuple, width: int, premise_widths: list[int]) -> Firing:
 
 def traced_run(rules: RuleSet, tables: Mapping[S.Relation, Sequence[tuple]],
                heads: set[str] | None = None, premises: frozenset[str] = frozenset(),
-               timeout: float | None = None) -> TracedModel:
-    """Evaluate the rule set on `tables` with clingo; every output relation and every
-    traced rule's derived tuples (see the module doc)."""
+               timeout: float | None = None, drop: int | None = None) -> TracedModel:
+    """Evaluate the rule set (without clause `drop`, when given) on `tables` with clingo;
+    every output relation and every traced rule's derived tuples (see the module doc)."""
     start = time.perf_counter()
     program = rules.program
-    prog, twins, head_width = instrument(program, heads, premises)
+    prog, twins, head_width = instrument(program, heads, premises, drop)
     flat = {rel.name: validate_rows(rel.name, program.column_kinds(rel.name), rows)
             for rel, rows in tables.items()}
     shown = [r.name for r in S.OUTPUTS] + list(twins)

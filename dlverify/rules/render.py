@@ -34,7 +34,7 @@ def check_lines(report: CheckReport) -> list[str]:
     rs = report.rules
     fired = [r for r in report.view_rules if report.fired.get(r)]
     lines = [f"rules check {rs.folder}: {report.trials} random program pairs "
-             f"({report.refused} refused by the export), {report.checked_views} derived views checked "
+             f"({report.refused} refused by the export or not executable), {report.checked_views} derived views checked "
              f"numerically, {report.wrong_views} wrong; {len(fired)} of {len(report.view_rules)} View "
              f"rules fired; {report.seconds:.1f}s"]
     for rule, cx in sorted(report.unsound.items(), key=lambda kv: (kv[0].file, kv[0].line)):
