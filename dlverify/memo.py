@@ -31,9 +31,6 @@ from dlverify import schema as S
 
 ViewRow = tuple  # (s, d, r, offsets-record, tag-record | None, scale-record)
 ID_TYPES = frozenset({"OpId", "TensorId"})
-# Relations whose rows a segment gathers by iterating a set (reduction sizes named
-# by seeds): sorted after renaming, so equal segments list them alike.
-SET_ORDERED = frozenset({S.CONTRACT_SIZE})
 MARSHAL_VERSION = 4  # the key's serialisation (deterministic for lists of int tuples)
 # Relations whose ValueId columns are named first (by the tensor they describe),
 # so interned values get canonical names in a canonical order.
@@ -101,9 +98,15 @@ def canonicalise(order: list[int], tables: dict[S.Relation, list[tuple]],
     def seed_key(v: ViewRow) -> tuple:
         s, d, r, o, p, c = v
         tag = (-1, 0, 0, 0, 0) if p is None else (p[0], -1, p[2], p[3], p[4])
-        return (ids(s), ids(d), r, tuple(record_offsets(o)), tag, tuple(c))
+        # a tensor the window does not read is not named yet: key it by its
+        # partner and the view alone (never by its own id, which is arbitrary)
+        return (ids.get(s, 0), ids.get(d, 0), r, tuple(record_offsets(o)), tag, tuple(c))
 
     ordered = sorted(seeds, key=seed_key)
+    for s, d, *_ in ordered:  # then name those tensors in that order
+        ids(s)
+        ids(d)
+    ordered = sorted(ordered, key=seed_key)
     out: dict[S.Relation, list[tuple]] = {}
     seed_rows, off_rows = [], []
     for sid, (s, d, r, o, p, c) in enumerate(ordered, start=1):
@@ -128,10 +131,10 @@ def canonicalise(order: list[int], tables: dict[S.Relation, list[tuple]],
 
         rename = _renamer(rel.arity, tuple(id_cols))
         if not masked:
-            # Rows arrive in the order of `order` (ops, then tensors); only rows
-            # gathered from sets need sorting to get a canonical order.
+            # Rows of tensors that only seeds name (not read by the window) arrive
+            # in no canonical order: sort every relation.
             renamed_rows = [rename(row, ids) for row in rows]
-            out[rel] = sorted(renamed_rows) if rel in SET_ORDERED else renamed_rows
+            out[rel] = sorted(renamed_rows)
             continue
         # Name values and signatures in the order of the rows' other columns.
         renamed = [list(rename(row, ids)) for row in rows]
