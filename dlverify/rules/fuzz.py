@@ -2,13 +2,13 @@
 
 Each trial builds a random tiny program pair (dlverify/rules/gen.py), runs the rule set on
 it with every View rule traced (dlverify/rules/provenance.py: the head tuples each rule
-derives and the View premises its body used), runs both programs on random inputs with
+derives and the premises its body used), runs both programs on random inputs with
 the shared interpreter and checks every derived view: a view without a partial tag must
 equal scale x the sequential block; the partial terms of one family held by ranks whose
 ranges tile the family must sum to it. A rule is unsound when it derives a wrong view
-from View premises that are all right: the first such firing is its counterexample.
-(A wrong premise of another relation, e.g. a helper of the rule, is blamed on the View
-rule that uses it.) Deterministic for a seed; bounded by a trial count and a time.
+from premises that are all derivable without any wrong view: the first such firing is its
+counterexample. (A wrong premise of another relation, e.g. a helper of the rule, is blamed
+on the View rule that uses it.) Deterministic for a seed; bounded by a trial count and a time.
 """
 from __future__ import annotations
 
@@ -165,32 +165,69 @@ class _Trial:
     tables: dict
     runs: list[Run]
 
-    def wrong(self, rules: RuleSet, drop: int | None = None) -> tuple[TracedModel, dict[tuple, WrongView]]:
-        """The traced model (without clause `drop`) and its wrong View rows."""
-        model = traced_run(rules, self.tables, heads={VIEW}, premises=frozenset({VIEW}), drop=drop)
+    def wrong(self, rules: RuleSet) -> tuple[TracedModel, dict[tuple, WrongView]]:
+        """The model with every one-step derivation of every rule, and its wrong View rows."""
+        model = traced_run(rules, self.tables, heads=None, premises=None)
         rows = model.relations[VIEW]
         views = parse_views(rows)
         by_view = dict(zip(views, rows))
         return model, {by_view[w.view]: w for w in wrong_views(self.problem, views, self.runs)}
 
 
-def _blame(rules: RuleSet, model: TracedModel, wrong: dict[tuple, WrongView], report: CheckReport,
-           trial: _Trial, seed: int) -> None:
-    """A View rule is blamed for a wrong view its body derives from right View premises, when
-    the rule set without it derives no wrong view at all on this program (so a rule downstream
-    of the culprit, e.g. the assembler reading helper relations, is not blamed; two culprits in
-    one program wait for a program that separates them)."""
+Key = tuple[str, tuple]  # (relation, row)
+
+
+def clean_tuples(model: TracedModel, wrong: set[Key]) -> set[Key]:
+    """The tuples derivable without ever using a wrong view: the least fixpoint of the
+    recorded one-step derivations, starting from the tuples no rule derives (inputs and
+    facts) and never passing through a wrong View tuple."""
+    derived: set[Key] = {(r.head, f.head) for r, fs in model.firings.items() for f in fs}
+    waiting: dict[Key, list[int]] = {}
+    missing: list[int] = []
+    heads: list[Key] = []
     for rule, firings in model.firings.items():
-        report.fired[rule] = report.fired.get(rule, 0) + len(firings)
+        for f in firings:
+            need = {p for p in f.premises if p in derived}  # others are inputs or facts: clean
+            heads.append((rule.head, f.head))
+            missing.append(len(need))
+            for p in need:
+                waiting.setdefault(p, []).append(len(heads) - 1)
+    clean: set[Key] = set()
+    todo = [i for i, n in enumerate(missing) if n == 0]
+    while todo:
+        h = heads[todo.pop()]
+        if h in clean or h in wrong:
+            continue
+        clean.add(h)
+        for i in waiting.get(h, []):
+            missing[i] -= 1
+            if missing[i] == 0:
+                todo.append(i)
+    return clean
+
+
+def _blame(model: TracedModel, wrong: dict[tuple, WrongView], report: CheckReport, trial: _Trial,
+           seed: int) -> None:
+    """A View rule is unsound when one of its firings derives a wrong view from premises that
+    are all derivable without any wrong view (so rules downstream of the culprit, e.g. the
+    assembler reading helper relations built from a wrong view, are not blamed). A wrong
+    premise of another relation that no wrong view explains is blamed on the View rule."""
     for rule, firings in model.firings.items():
-        if rule in report.unsound:
+        if rule.head == VIEW:
+            report.fired[rule] = report.fired.get(rule, 0) + len(firings)
+    if not wrong:
+        return
+    clean = clean_tuples(model, {(VIEW, row) for row in wrong})
+    derived = {(r.head, f.head) for r, fs in model.firings.items() for f in fs}
+    for rule, firings in model.firings.items():
+        if rule.head != VIEW or rule in report.unsound:
             continue
-        suspect = next((f for f in firings if f.head in wrong
-                        and not any(p in wrong for p in f.premises)), None)
-        if suspect is None or trial.wrong(rules, drop=rule.index)[1]:
-            continue
-        report.unsound[rule] = Counterexample(rule, trial.index, seed, program_text(trial.problem),
-                                              wrong[suspect.head], parse_views(list(suspect.premises)))
+        culprit = next((f for f in firings if f.head in wrong
+                        and all(p in clean or p not in derived for p in f.premises)), None)
+        if culprit is not None:
+            views = [row for rel, row in culprit.premises if rel == VIEW]
+            report.unsound[rule] = Counterexample(rule, trial.index, seed, program_text(trial.problem),
+                                                  wrong[culprit.head], parse_views(views))
 
 
 def check_rules(rules: RuleSet, trials: int = 200, seconds: float | None = 60.0, seed: int = 0,
@@ -221,6 +258,6 @@ def check_rules(rules: RuleSet, trials: int = 200, seconds: float | None = 60.0,
         model, wrong = one.wrong(rules)
         report.checked_views += len(model.relations[VIEW])
         report.wrong_views += len(wrong)
-        _blame(rules, model, wrong, report, one, seed)
+        _blame(model, wrong, report, one, seed)
     report.seconds = time.monotonic() - start
     return report

@@ -95,7 +95,10 @@ class Generator:
 
     def pick(self, t: TinyPair, ok: Callable[[Pair], bool] = lambda p: True) -> Pair | None:
         cands = [p for p in t.pairs if ok(p)]
-        return self.rng.choice(cands) if cands else None
+        if not cands:
+            return None
+        # the newest pair half of the time: chains of ops compose the rules
+        return cands[-1] if self.rng.random() < 0.5 else self.rng.choice(cands)
 
     def fresh_input(self, t: TinyPair, shape: tuple[int, ...]) -> Pair:
         n = t.mesh.size
@@ -141,8 +144,10 @@ class Generator:
 
     def dot(self, t: TinyPair) -> bool:
         a = self.pick(t, lambda q: len(t.sshape(q)) == 2)
-        if a is None:
-            return False
+        if a is None or self.rng.random() < 0.3:  # a fresh lhs, often split along k: partial terms
+            n = t.mesh.size
+            a = t.input((self.rng.choice(DIMS) * n, self.rng.choice(DIMS) * n),
+                        self.rng.choice(((None, "x"), (None, "x"), ("x", None), (None, None))))
         k, dk = t.sshape(a)[1], t.dshape(a)[1]
         n = self.rng.choice(DIMS) * t.mesh.size
         if dk == k:
@@ -249,8 +254,9 @@ class Generator:
             return [ranks[:2], ranks[2:]]
         return [ranks]
 
-    STEPS = ("unary", "binary", "scale", "dot", "dot", "reduce", "transpose", "slice",
-             "all_reduce", "all_reduce", "all_gather", "reduce_scatter", "permute")
+    STEPS = ("unary", "unary", "unary", "binary", "binary", "scale", "dot", "dot", "reduce",
+             "transpose", "slice", "all_reduce", "all_reduce", "all_gather", "reduce_scatter",
+             "permute")
 
     def program(self, index: int, max_steps: int = 6) -> Problem:
         rng = self.rng

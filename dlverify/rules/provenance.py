@@ -5,8 +5,9 @@ relation. The twins read the same relations as the rules and nothing reads the t
 the model of the program is unchanged and `Dlv_Fired_i` holds exactly the head tuples
 whose body holds in the final model: the tuples rule i derives (alone or with other
 rules). With `premises`, the twin of a rule deriving one of those relations also records
-the tuples of its positive body atoms over those relations (wildcards named), so that a
-wrong conclusion can be told from a wrong premise.
+the tuples of its positive body atoms over those relations (wildcards named; every rule and
+every positive atom outside aggregates when `premises` is None): the one-step derivations,
+so that a wrong conclusion can be told from a wrong premise.
 
 This runs on the embedded clingo only (the translation of the engine, with the twins
 shown), as one fixpoint: no segments.
@@ -33,7 +34,7 @@ class Firing:
     """A head tuple rule `rule` derives, with the premise tuples its body used."""
 
     head: tuple
-    premises: tuple[tuple, ...] = ()
+    premises: tuple[tuple[str, tuple], ...] = ()  # (relation, row) of each recorded body atom
 
 
 @dataclass
@@ -59,27 +60,31 @@ def _named(t, counter: list[int]):
     return t
 
 
-def instrument(program: Program, heads: set[str] | None, premises: frozenset[str] = frozenset(),
-               drop: int | None = None) -> tuple[Program, dict[str, RuleRef], dict[str, int]]:
-    """A copy of `program` without clause `drop` (when given) and with a twin per rule whose
-    head is in `heads` (all when None). Returns the copy, twin relation -> rule, and twin
-    relation -> number of head columns."""
+def _recorded(lit, premises: frozenset[str] | None) -> bool:
+    return isinstance(lit, Atom) and not lit.negated and (premises is None or lit.rel in premises)
+
+
+def instrument(program: Program, heads: set[str] | None, premises: frozenset[str] | None = frozenset()
+               ) -> tuple[Program, dict[str, RuleRef], dict[str, int]]:
+    """A copy of `program` with a twin per rule whose head is in `heads` (all when None), recording the body atoms over `premises` (every
+    positive atom outside aggregates when None). Returns the copy, twin relation -> rule,
+    and twin relation -> number of head columns."""
     prog = copy.copy(program)
     prog.decls = dict(program.decls)
-    prog.clauses = [c for i, c in enumerate(program.clauses) if i != drop]
+    prog.clauses = list(program.clauses)
     twins: dict[str, RuleRef] = {}
     head_width: dict[str, int] = {}
     for i, c in enumerate(program.clauses):
-        if i == drop or not c.body or (heads is not None and c.head.rel not in heads):
+        if not c.body or (heads is not None and c.head.rel not in heads):
             continue
         name = f"{FIRED}{i}"
         columns = list(program.decls[c.head.rel].columns)
         args = list(c.head.args)
         body = list(c.body)
-        if c.head.rel in premises:
+        if premises is None or c.head.rel in premises:
             counter = [0]
             for k, lit in enumerate(body):
-                if isinstance(lit, Atom) and not lit.negated and lit.rel in premises:
+                if _recorded(lit, premises):
                     named = Atom(lit.rel, [_named(a, counter) for a in lit.args], lit.line)
                     body[k] = named
                     args += named.args
@@ -92,22 +97,22 @@ def instrument(program: Program, heads: set[str] | None, premises: frozenset[str
     return prog, twins, head_width
 
 
-def _split(row: tuple, width: int, premise_widths: list[int]) -> Firing:
+def _split(row: tuple, width: int, atoms: list[tuple[str, int]]) -> Firing:
     head, rest, out = row[:width], row[width:], []
-    for w in premise_widths:
-        out.append(rest[:w])
+    for rel, w in atoms:
+        out.append((rel, rest[:w]))
         rest = rest[w:]
     return Firing(head, tuple(out))
 
 
 def traced_run(rules: RuleSet, tables: Mapping[S.Relation, Sequence[tuple]],
-               heads: set[str] | None = None, premises: frozenset[str] = frozenset(),
-               timeout: float | None = None, drop: int | None = None) -> TracedModel:
-    """Evaluate the rule set (without clause `drop`, when given) on `tables` with clingo;
+               heads: set[str] | None = None, premises: frozenset[str] | None = frozenset(),
+               timeout: float | None = None) -> TracedModel:
+    """Evaluate the rule set on `tables` with clingo;
     every output relation and every traced rule's derived tuples (see the module doc)."""
     start = time.perf_counter()
     program = rules.program
-    prog, twins, head_width = instrument(program, heads, premises, drop)
+    prog, twins, head_width = instrument(program, heads, premises)
     flat = {rel.name: validate_rows(rel.name, program.column_kinds(rel.name), rows)
             for rel, rows in tables.items()}
     shown = [r.name for r in S.OUTPUTS] + list(twins)
@@ -116,10 +121,9 @@ def traced_run(rules: RuleSet, tables: Mapping[S.Relation, Sequence[tuple]],
     model = TracedModel({r.name: sort_rows(rows[r.name]) for r in S.OUTPUTS})
     for name, rule in twins.items():
         clause = program.clauses[rule.index]
-        widths = [len(lit.args) for lit in clause.body
-                  if isinstance(lit, Atom) and not lit.negated and lit.rel in premises] \
-            if clause.head.rel in premises else []
-        model.firings[rule] = [_split(r, head_width[name], widths) for r in rows[name]]
+        atoms = [(lit.rel, len(lit.args)) for lit in clause.body if _recorded(lit, premises)] \
+            if premises is None or clause.head.rel in premises else []
+        model.firings[rule] = [_split(r, head_width[name], atoms) for r in rows[name]]
     for c in program.clauses:
         if not c.body:
             model.facts[c.head.rel] = model.facts.get(c.head.rel, 0) + 1
