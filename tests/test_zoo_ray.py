@@ -84,3 +84,18 @@ def test_without_ray_the_option_names_the_extra(tmp_path, monkeypatch):
     assert res.exit_code == 2
     assert res.output.count("\n") == 1 and "pip install 'dlverify[ray]'" in res.output
     assert not (tmp_path / "out" / "index.html").exists()
+
+
+def test_a_task_lost_with_its_worker_is_a_result_of_the_item():
+    ray = pytest.importorskip("ray", reason="the Ray extra is not installed")
+    from dlverify.zoo.ray_backend import lost_outcome
+
+    x = ray.exceptions
+    crashed = lost_outcome(ray, x.WorkerCrashedError(), 1.5)
+    assert crashed.status == "crashed" and "WorkerCrashedError" in crashed.message
+    assert crashed.seconds == 1.5 and not crashed.hit_limit
+    killed = lost_outcome(ray, x.OutOfMemoryError("node memory over 95%"), 2.0)
+    assert killed.status == "out_of_memory" and killed.hit_limit
+    assert "node memory over 95%" in killed.message
+    other = lost_outcome(ray, x.TaskUnschedulableError("no node fits"), 0.1)
+    assert other.status == "internal_error" and "no node fits" in other.message

@@ -74,10 +74,37 @@ def item_task(task: Callable[..., Any], args: tuple, limits: Limits,
     from dlverify.zoo.tasks import ready_task
 
     setup.apply()
-    # As the local pool does once per run: the worker's fork server imports JAX
-    # here (the first time; later a no-op fork), not within the item's limits.
-    run_supervised(ready_task, ())
+    if not _fork_server_running():
+        # As the local pool does once per run: the worker's fork server imports
+        # JAX (seconds) here, not within the first item's limits.
+        run_supervised(ready_task, ())
     return run_supervised(task, args, limits)
+
+
+def _fork_server_running() -> bool:
+    """This worker process started dlverify.supervise's fork server already
+    (a Ray worker runs many tasks; the server lives as long as the worker)."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver  # no public handle, as dlverify.supervise.shutdown
+    return getattr(server, "_forkserver_pid", None) is not None
+
+
+def lost_outcome(ray: Any, e: Exception, seconds: float) -> TaskOutcome:
+    """A task that ended without the supervisor's outcome: its worker or node
+    died, or Ray failed it. A result of the item, never an exception."""
+    x = ray.exceptions
+    text = " ".join(str(e).split())[:300]
+    if isinstance(e, x.OutOfMemoryError):
+        return TaskOutcome("out_of_memory", seconds=seconds, phase="ray",
+                           message=f"out of memory: Ray's memory monitor killed the worker "
+                                   f"verifying it ({text})")
+    if isinstance(e, (x.WorkerCrashedError, x.NodeDiedError, x.LocalRayletDiedError)):
+        return TaskOutcome("crashed", seconds=seconds, phase="ray",
+                           message=f"the Ray worker verifying it died without a result "
+                                   f"({type(e).__name__})")
+    return TaskOutcome("internal_error", seconds=seconds, phase="ray",
+                       message=f"internal error in ray: {type(e).__name__}: {text}")
 
 
 class RayPool:
@@ -133,25 +160,10 @@ class RayPool:
         try:
             return self.ray.get(ref)
         except self.ray.exceptions.RayError as e:
-            return self._lost(e, limits, time.monotonic() - t0)
+            return lost_outcome(self.ray, e, time.monotonic() - t0)
         finally:
             with self.lock:
                 self.running.discard(ref)
-
-    def _lost(self, e: Exception, limits: Limits, seconds: float) -> TaskOutcome:
-        """A task that ended without the supervisor's outcome: its worker died."""
-        x = self.ray.exceptions
-        text = " ".join(str(e).split())[:300]
-        if isinstance(e, x.OutOfMemoryError):
-            return TaskOutcome("out_of_memory", seconds=seconds, phase="ray",
-                               message=f"out of memory: Ray's memory monitor killed the worker "
-                                       f"verifying it ({text})")
-        if isinstance(e, (x.WorkerCrashedError, x.NodeDiedError, x.LocalRayletDiedError)):
-            return TaskOutcome("crashed", seconds=seconds, phase="ray",
-                               message=f"the Ray worker verifying it died without a result "
-                                       f"({type(e).__name__})")
-        return TaskOutcome("internal_error", seconds=seconds, phase="ray",
-                           message=f"internal error in ray: {type(e).__name__}: {text}")
 
     def close(self) -> None:
         """Cancel the tasks still running (an interrupted run), then leave the
