@@ -226,8 +226,7 @@ def test_an_unknown_case_name_and_an_unknown_engine():
 
 UNKNOWN_PRIMITIVES = {
     "cumlogsumexp": ("lax.cumlogsumexp(x, axis=0)", "cumlogsumexp"),
-    "while_loop": ("lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] * 2.0), (0, x))[1]",
-                   "while"),
+    "top_k": ("lax.top_k(x, 2)[0]", "top_k"),
     "qr": ("jnp.linalg.qr(x)[0]", "qr"),
 }
 
@@ -246,7 +245,7 @@ def _unknown_primitive_case(tmp_path, which):
     return path, line, prim
 
 
-@pytest.mark.parametrize("which", ["cumlogsumexp", "while_loop", "qr"])
+@pytest.mark.parametrize("which", ["cumlogsumexp", "top_k", "qr"])
 def test_an_unknown_jax_primitive_in_seq_fn(tmp_path, which):
     path, _, prim = _unknown_primitive_case(tmp_path, which)
     res = invoke(str(path))
@@ -255,13 +254,29 @@ def test_an_unknown_jax_primitive_in_seq_fn(tmp_path, which):
 
 
 @pytest.mark.parametrize("which", [
-    "cumlogsumexp", "while_loop",
+    "cumlogsumexp", "top_k",
     "qr",  # traced inside jnp.linalg's own jit: located at the user's call
 ])
 def test_the_unknown_primitive_error_names_file_and_line(tmp_path, which):
     path, line, prim = _unknown_primitive_case(tmp_path, which)
     res = invoke(str(path))
     assert one_error_line(res).startswith(f"error: {path}:{line}: unknown primitive '{prim}'")
+
+
+def test_a_while_loop_on_data_is_refused_at_its_line(tmp_path):
+    path, line = write_case(tmp_path, '''
+        def seq(x):
+            return lax.while_loop(lambda c: jnp.sum(c) < 100.0, lambda c: c * 2.0, x)   # HERE
+
+
+        @dlverify.case
+        def data_loop():
+            return case_of(seq, ident)
+    ''')
+    res = invoke(str(path))
+    assert res.exit_code == 2
+    assert one_error_line(res).startswith(f"error: {path}:{line}: while loop whose condition is "
+                                          "not known before run time")
 
 
 def test_an_in_spec_naming_a_mesh_axis_that_does_not_exist(tmp_path):
