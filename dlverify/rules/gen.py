@@ -11,8 +11,8 @@ the IR builder like tests/rulekit.py, so the real pipeline (passes, fact export)
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -167,7 +167,7 @@ class Generator:
             return False
         ax = self.rng.randrange(2)
         kind = self.rng.choice(("reduce_sum", "reduce_sum", "reduce_max"))
-        drop = lambda sh: tuple(x for i, x in enumerate(sh) if i != ax)  # noqa: E731
+        drop = lambda sh: tuple(x for i, x in enumerate(sh) if i != ax)
         t.both(kind, [p], drop(t.sshape(p)), drop(t.dshape(p)), {"axes": (ax,)})
         return True
 
@@ -177,7 +177,7 @@ class Generator:
             return False
         perm = (1, 0)
         dperm = perm if self.rng.random() < 0.8 else (0, 1)
-        flip = lambda sh, pm: tuple(sh[i] for i in pm)  # noqa: E731
+        flip = lambda sh, pm: tuple(sh[i] for i in pm)
         t.both("transpose", [p], flip(t.sshape(p), perm), flip(t.dshape(p), dperm),
                {"permutation": perm}, {"permutation": dperm})
         return True

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 from dlverify import schema as S
 from dlverify.engine import clingo_runner

@@ -74,7 +74,7 @@ def _color(count: int, top: int) -> str:
     if count <= 0:
         return "#ffffff"
     t = math.log1p(count) / math.log1p(max(top, 1))
-    r, g, b = (int(round(a + (z - a) * t)) for a, z in ((222, 8), (235, 48), (247, 107)))
+    r, g, b = (round(a + (z - a) * t) for a, z in ((222, 8), (235, 48), (247, 107)))
     return f"#{r:02x}{g:02x}{b:02x}"
 
 

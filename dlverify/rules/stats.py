@@ -12,9 +12,9 @@ fixpoint each (no segments), so a large model takes longer than its verification
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 from dlverify.errors import InputError
 from dlverify.ir import IdAllocator
