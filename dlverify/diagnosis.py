@@ -360,9 +360,10 @@ class Judge:
                                             "that repeats a micro-batch or a shard?)")
         if self._merges_partial_extrema(op, r):
             return "unproved-extrema-merge", (
-                f"merges partial {k}ima with an elementwise {k}; the rules do not prove such a "
-                f"merge yet (an unsupported pattern, not necessarily a bug): a p{k} over the "
-                f"ranks holding the other ranges completes each partial {k}")
+                f"merges partial {k}ima with an elementwise {k}, but their ranges neither touch "
+                f"nor overlap (a skipped or misaligned range?); only the {k} of adjacent or "
+                f"overlapping ranges is proved, and a p{k} over the ranks holding the other "
+                f"ranges completes each partial {k}")
         if (k in ir.ELEMENTWISE_NONLINEAR_UNARY or k in ir.ELEMENTWISE_NONLINEAR_BINARY
                 or k in ir.ELEMENTWISE_NARY) and any(partial):
             return "nonlinear-on-partial", "nonlinear op applied to a partial sum: reduce first"

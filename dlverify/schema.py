@@ -114,6 +114,8 @@ ELEM_UNARY = _rel("Elem_Unary", "Op is an elementwise unary op that is not linea
 ELEM_UNARY_LINEAR = _rel("Elem_UnaryLinear", "Op is an elementwise unary linear op (neg).", "op:OpId")
 ELEM_NARY = _rel("Elem_Nary", "Op is an elementwise op of `n` operands that is not linear "
                  "(max, comparisons, select_n, ...).", "op:OpId", "n:number")
+ELEM_EXTREMUM = _rel("Elem_Extremum", "Op is elementwise max or min, with the code of that "
+                     "reducer (max 1, min 2).", "op:OpId", "reducer:number")
 SELECT = _rel("Select", "Op is select_n: operand 0 holds the index n of the case it takes, "
               "operand n + 1.", "op:OpId")
 ELEM_ADDSUB = _rel("Elem_AddSub", "Op is elementwise add (sign 1) or sub (sign -1): linear in "

@@ -87,7 +87,7 @@ FAILURE_KINDS = {
     "wrong-block": "an output holds another block than its output relation requires",
     "sequential-frontier": "a sequential op whose output no distributed value matches",
     "double-counted-terms": "partial terms of overlapping ranges of one sum are added",
-    "unproved-extrema-merge": "partial maxima (minima) merged by an elementwise max (min): not proved yet",
+    "unproved-extrema-merge": "partial maxima (minima) of ranges that neither touch nor overlap merged by an elementwise max (min)",
     "missing-terms": "a reduction's partial terms leave some terms held by no rank (never computed)",
     "interleaved-terms": "a collective sums interleaved partial terms: not supported yet, not a located bug",
 }

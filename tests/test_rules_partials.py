@@ -281,20 +281,30 @@ def test_micro_batches_reduced_one_by_one_over_two_axes_are_reported_as_unsuppor
 
 # ---------------------------------------------------------------- partial maxima (diagnosis)
 
-def _partial_maxima(t: Tiny):
-    """seq m = max(x, axis 1); rank r holds columns 4r..4r+3 and takes the max of each half."""
+def _partial_maxima(t: Tiny, windows=((0, 2), (2, 4))):
+    """seq m = max(x, axis 1); rank r holds columns 4r..4r+3 and takes the max of
+    each window of its block."""
     xs, xd = t.input((3, 8), (None, "x"))
     ms = t.sop("reduce_max", [xs], (3,), axes=(1,))
     halves = []
-    for a in (0, 2):
-        xa = t.dop("slice", [xd], (3, 2), start_indices=(0, a), limit_indices=(3, a + 2), strides=None)
+    for a, b in windows:
+        xa = t.dop("slice", [xd], (3, b - a), start_indices=(0, a), limit_indices=(3, b), strides=None)
         halves.append(t.dop("reduce_max", [xa], (3,), axes=(1,)))
     return ms, halves
 
 
-def test_merging_partial_maxima_is_reported_as_unsupported_not_as_a_missing_all_reduce():
+def test_merging_partial_maxima_then_pmax_verifies():
     t = Tiny()
     ms, halves = _partial_maxima(t)
+    md = t.dop("max", halves, (3,))
+    mx = t.dop("all_reduce", [md], (3,), reducer="max", groups=[[0, 1]])
+    t.output(ms, mx)
+    assert t.run().result.verified
+
+
+def test_a_merge_that_skips_a_column_is_reported_as_an_unproved_merge_not_a_missing_all_reduce():
+    t = Tiny()
+    ms, halves = _partial_maxima(t, windows=((0, 1), (2, 4)))   # column 4r + 1 is never read
     md = t.dop("max", halves, (3,))
     mx = t.dop("all_reduce", [md], (3,), reducer="max", groups=[[0, 1]])
     t.output(ms, mx)
@@ -405,3 +415,37 @@ def test_buggy_twin_is_not_verified_and_is_located(name, seq, local, mesh, specs
     assert not res.verified
     lines = {fr.line for f in res.failures[:1] for fr in f.frames}
     assert bug_line(local) in lines, [(f.op, f.line, f.message) for f in res.failures[:3]]
+
+
+# ---------------------------------------------------------------- partial maxima merged
+
+def test_elementwise_max_of_partial_maxima_over_adjacent_ranges_is_their_union():
+    # each rank splits its block of columns in two, takes both maxima and merges them
+    t = Tiny()
+    xs, xd = t.input((4, 6), (None, "x"))
+    ms = t.sop("reduce_max", [xs], (4,), axes=(1,))
+    lo = t.dop("slice", [xd], (4, 2), start_indices=(0, 0), limit_indices=(4, 2), strides=None)
+    hi = t.dop("slice", [xd], (4, 1), start_indices=(0, 2), limit_indices=(4, 3), strides=None)
+    mlo = t.dop("reduce_max", [lo], (4,), axes=(1,))
+    mhi = t.dop("reduce_max", [hi], (4,), axes=(1,))
+    merged = t.dop("max", [mhi, mlo], (4,))
+    md = t.dop("all_reduce", [merged], (4,), reducer="max", groups=[[0, 1]])
+    t.output(ms, md)
+    out = t.run()
+    for r in range(2):
+        (v,) = out.views(ms, merged, r)
+        assert (v.partial.reducer, v.partial.lo, v.partial.hi) == (1, 3 * r, 3 * r + 3)
+    assert out.result.verified
+
+
+def test_max_of_partial_maxima_with_a_gap_has_no_merged_view():
+    t = Tiny()
+    xs, xd = t.input((4, 6), (None, "x"))
+    ms = t.sop("reduce_max", [xs], (4,), axes=(1,))
+    a = t.dop("slice", [xd], (4, 1), start_indices=(0, 0), limit_indices=(4, 1), strides=None)
+    b = t.dop("slice", [xd], (4, 1), start_indices=(0, 2), limit_indices=(4, 3), strides=None)
+    merged = t.dop("max", [t.dop("reduce_max", [a], (4,), axes=(1,)),
+                           t.dop("reduce_max", [b], (4,), axes=(1,))], (4,))
+    out = t.run()
+    assert all(v.partial is None or (v.partial.lo, v.partial.hi) != (0, 3)
+               for v in out.views(ms, merged, 0))

@@ -177,6 +177,11 @@ def elem_nary(ex: FactSink, s: Site) -> tuple:
     return (s.op.kind,)
 
 
+def elem_extremum(ex: FactSink, s: Site) -> tuple:
+    ex.add(S.ELEM_EXTREMUM, s.op.id, REDUCER_CODE[s.op.kind])
+    return elem_nary(ex, s)
+
+
 def select_n(ex: FactSink, s: Site) -> tuple:
     ex.add(S.SELECT, s.op.id)
     return elem_nary(ex, s)

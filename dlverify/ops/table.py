@@ -145,7 +145,8 @@ _KINDS: list[OpKind] = [
     _unary("real", E.float_only(np.real)),
     _unary("imag", E.float_only(np.imag)), _unary("conj", E.float_only(np.conj)),
     # elementwise binary, nonlinear
-    _binary("max", E.binary(np.maximum)), _binary("min", E.binary(np.minimum)),
+    _binary("max", E.binary(np.maximum), X.elem_extremum),
+    _binary("min", E.binary(np.minimum), X.elem_extremum),
     _binary("pow", E.power), _binary("atan2", E.float_only(np.arctan2)),
     _binary("rem", E.remainder), _binary("nextafter", E.float_only(np.nextafter)),
     _binary("and", E.bitwise(np.bitwise_and)), _binary("or", E.bitwise(np.bitwise_or)),
