@@ -99,3 +99,18 @@ def test_a_task_lost_with_its_worker_is_a_result_of_the_item():
     assert "node memory over 95%" in killed.message
     other = lost_outcome(ray, x.TaskUnschedulableError("no node fits"), 0.1)
     assert other.status == "internal_error" and "no node fits" in other.message
+
+
+def test_an_address_where_no_cluster_answers_is_one_line_exit_2(tmp_path, monkeypatch):
+    pytest.importorskip("ray", reason="the Ray extra is not installed")
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.chdir(tmp_path)
+    tiny(tmp_path, "x.py")
+    res = CliRunner().invoke(app, ["zoo", "x.py", "--ray", f"127.0.0.1:{port}", "--cache-dir",
+                                   str(tmp_path / "c"), "--report-dir", str(tmp_path / "out")])
+    assert res.exit_code == 2
+    assert res.output.count("\n") == 1 and f"no Ray cluster answers at 127.0.0.1:{port}" in res.output

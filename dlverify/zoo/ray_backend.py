@@ -107,6 +107,21 @@ def lost_outcome(ray: Any, e: Exception, seconds: float) -> TaskOutcome:
                        message=f"internal error in ray: {type(e).__name__}: {text}")
 
 
+def _check_reachable(address: str) -> None:
+    """Nothing listening at the address's host:port is an InputError at once:
+    ray.init would retry for minutes, printing a warning every few seconds."""
+    import socket
+
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    if not host or not port.isdigit():
+        return  # not host:port: Ray's own parsing says what is wrong
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except OSError as e:
+        raise InputError(f"--ray {address}: no Ray cluster answers at {host}:{port} "
+                         f"({e.strerror or type(e).__name__})") from None
+
+
 class RayPool:
     """The driver's side: submits items, waits for their outcomes (from the
     runner's threads, one item each), cancels what still runs at the end."""
@@ -128,6 +143,8 @@ class RayPool:
         import logging
 
         ray = import_ray()
+        if address != "auto":
+            _check_reachable(address)
         if ray.is_initialized():
             return RayPool(ray, started_here=False)
         try:
