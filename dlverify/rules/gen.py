@@ -2,9 +2,10 @@
 
 A pair starts from inputs related by random partition specs on a small mesh and grows
 by random steps over the pairs of tensors built so far: the same op on both sides
-(elementwise, dot_general, reductions, layout ops, sometimes with other parameters on
-one side), a collective on the distributed side only, a scaling by a constant on one
-side. Nothing says the pair is equivalent: the rules decide what holds, and every view
+(elementwise, dot_general, reductions, transpose, slice, broadcast, reshape, concatenate;
+sometimes with other parameters on one side), a collective on the distributed side only
+(all-reduce, all-gather, reduce-scatter, all-to-all, collective-permute, over all ranks
+or pairs, sometimes in another order), a scaling by an exact constant on one side. Nothing says the pair is equivalent: the rules decide what holds, and every view
 they derive is checked numerically (dlverify/rules/fuzz.py). Programs are built with
 the IR builder like tests/rulekit.py, so the real pipeline (passes, fact export) runs.
 """
@@ -100,12 +101,17 @@ class Generator:
         # the newest pair half of the time: chains of ops compose the rules
         return cands[-1] if self.rng.random() < 0.5 else self.rng.choice(cands)
 
-    def fresh_input(self, t: TinyPair, shape: tuple[int, ...]) -> Pair:
+    def fresh_input(self, t: TinyPair, shape: tuple[int, ...], dshape: tuple[int, ...] | None = None
+                    ) -> Pair:
+        """A new input of global `shape` under a random spec (one whose block has `dshape`,
+        often, when there is one)."""
         n = t.mesh.size
         ok = [tuple(spec) for spec in ([None] * len(shape),) + tuple(
             tuple("x" if i == j else None for i in range(len(shape))) for j in range(len(shape)))
             if all(size % (n if e else 1) == 0 for size, e in zip(shape, spec))]
-        return t.input(shape, self.rng.choice(ok))
+        fits = [spec for spec in ok if dshape is not None and
+                tuple(x // n if e else x for x, e in zip(shape, spec)) == dshape]
+        return t.input(shape, self.rng.choice(fits if fits and self.rng.random() < 0.8 else ok))
 
     def unary(self, t: TinyPair) -> bool:
         p = self.pick(t)
@@ -120,7 +126,7 @@ class Generator:
             return False
         b = self.pick(t, lambda q: t.sshape(q) == t.sshape(a) and t.dshape(q) == t.dshape(a))
         if b is None or self.rng.random() < 0.3:
-            b = self.fresh_input(t, t.sshape(a))
+            b = self.fresh_input(t, t.sshape(a), t.dshape(a))
             if t.dshape(b) != t.dshape(a):
                 return False
         ins = [a, b] if self.rng.random() < 0.5 else [b, a]
@@ -245,6 +251,56 @@ class Generator:
         t.add(Pair(p.seq, d))
         return True
 
+    def broadcast(self, t: TinyPair) -> bool:
+        """A new dim of the same size on both sides, before or after the operand's one dim."""
+        p = self.pick(t, lambda q: len(t.sshape(q)) == 1)
+        if p is None:
+            return False
+        m = self.rng.choice(DIMS)
+        at = self.rng.randrange(2)
+        dims = {"broadcast_dimensions": (1 - at,)}
+        grow = lambda sh: (m, *sh) if at == 0 else (*sh, m)  # noqa: E731
+        t.both("broadcast_in_dim", [p], grow(t.sshape(p)), grow(t.dshape(p)), dims)
+        return True
+
+    def reshape(self, t: TinyPair) -> bool:
+        """Flatten a matrix on both sides (a block of rows stays contiguous; of columns not)."""
+        p = self.pick(t, lambda q: len(t.sshape(q)) == 2)
+        if p is None:
+            return False
+        flat = lambda sh: (sh[0] * sh[1],)  # noqa: E731
+        t.both("reshape", [p], flat(t.sshape(p)), flat(t.dshape(p)), {})
+        return True
+
+    def concatenate(self, t: TinyPair) -> bool:
+        """Two pairs of the same shapes joined along a dim on both sides."""
+        a = self.pick(t, lambda q: len(t.sshape(q)) >= 1)
+        if a is None:
+            return False
+        b = self.pick(t, lambda q: t.sshape(q) == t.sshape(a) and t.dshape(q) == t.dshape(a))
+        if b is None:
+            return False
+        dim = self.rng.randrange(len(t.sshape(a)))
+        cat = lambda sh: tuple(2 * x if i == dim else x for i, x in enumerate(sh))  # noqa: E731
+        t.both("concatenate", [a, b], cat(t.sshape(a)), cat(t.dshape(a)), {"dimension": dim})
+        return True
+
+    def all_to_all(self, t: TinyPair) -> bool:
+        groups = self._groups(t)
+        m = len(groups[0])
+        p = self.pick(t, lambda q: len(t.dshape(q)) == 2 and any(x % m == 0 for x in t.dshape(q)))
+        if p is None:
+            return False
+        split = self.rng.choice([i for i, x in enumerate(t.dshape(p)) if x % m == 0])
+        concat = self.rng.randrange(2)
+        shape = list(t.dshape(p))
+        shape[split] //= m
+        shape[concat] *= m
+        d = t.D.op("all_to_all", [p.dist], tuple(shape), F32,
+                   {"split_dimension": split, "concat_dimension": concat, "groups": groups})
+        t.add(Pair(p.seq, d))
+        return True
+
     def _groups(self, t: TinyPair) -> list[list[int]]:
         n = t.mesh.size
         ranks = list(range(n))
@@ -255,8 +311,8 @@ class Generator:
         return [ranks]
 
     STEPS = ("unary", "unary", "unary", "binary", "binary", "scale", "dot", "dot", "reduce",
-             "transpose", "slice", "all_reduce", "all_reduce", "all_gather", "reduce_scatter",
-             "permute")
+             "transpose", "slice", "broadcast", "reshape", "concatenate", "all_reduce", "all_reduce",
+             "all_gather", "reduce_scatter", "all_to_all", "permute")
 
     def program(self, index: int, max_steps: int = 6) -> Problem:
         rng = self.rng
