@@ -190,8 +190,13 @@ DOT_OUT = _rel("Dot_Out", "dot_general output dim j is dim i of operand `operand
                "for batch dims the matching rhs dim is `other` (else -1).",
                "op:OpId", "j:number", "operand:number", "i:number", "other:number")
 REDUCE_AXIS = _rel("Reduce_Axis", "Reduction over operand dim `axis`, the idx-th of n reduced "
-                   "dims; `reducer` 0 sum, 1 max, 2 min.", "op:OpId", "idx:number", "axis:number",
+                   "dims; `reducer` 0 sum, 1 max, 2 min, -1 a reduction related only over "
+                   "whole axes (prod, and/or/xor, argmax/argmin).", "op:OpId", "idx:number", "axis:number",
                    "n:number", "reducer:number")
+ALONG_AXIS = _rel("Along_Axis", "Op (a cumulative scan or a sort) processes each row along "
+                  "operand dim `axis` alone and keeps every dim.", "op:OpId", "axis:number")
+ALONG_LINEAR = _rel("Along_Linear", "Op is a scan that is linear in its operand (cumsum).",
+                    "op:OpId")
 REDUCE_OUT = _rel("Reduce_Out", "Reduction output dim j is operand dim i.", "op:OpId", "j:number",
                   "i:number")
 CONTRACT_SIZE = _rel("Contract_Size", "Reduced axis `axis` of sequential op has `size` elements.",

@@ -1,4 +1,5 @@
 """contraction.dl: dot_general and reductions on tiny programs."""
+import pytest
 from rulekit import Tiny
 
 from dlverify.verdict import Partial
@@ -70,3 +71,63 @@ def test_reduce_max_partial_is_not_a_sum():
     (v,) = out.views(ms, md, 0)
     assert v.partial.reducer == 1
     assert out.views(ss, sd) == []
+
+
+# ------------------------------------------- whole-axis reductions, scans and sorts
+
+@pytest.mark.parametrize("kind", ["argmax", "argmin", "reduce_prod"])
+def test_argmax_and_prod_over_a_whole_axis_give_the_block_of_the_kept_dims(kind):
+    t = Tiny()
+    xs, xd = t.input((4, 6), ("x", None))          # rows split, the reduced dim whole
+    dtype = "int32" if kind.startswith("arg") else "float32"
+    ys = t.S.op(kind, [xs], (4,), dtype, {"axes": (1,)})
+    yd = t.D.op(kind, [xd], (2,), dtype, {"axes": (1,)})
+    t.output(ys, yd, ("x",))
+    out = t.run()
+    assert out.result.verified
+    assert {v.offsets for v in out.views(ys, yd, 1)} == {(2,)}
+
+
+def test_argmax_over_a_split_axis_or_of_a_scaled_operand_has_no_view():
+    t = Tiny()
+    xs, xd = t.input((4, 6), (None, "x"))          # the reduced dim split
+    split_s = t.S.op("argmax", [xs], (4,), "int32", {"axes": (1,)})
+    split_d = t.D.op("argmax", [xd], (4,), "int32", {"axes": (1,)})
+    ws, wd = t.input((4, 6))
+    w2 = t.dop("mul", [wd, t.dop("broadcast_in_dim", [t.dconst(2.0)], (4, 6), broadcast_dimensions=())], (4, 6))
+    ps = t.sop("reduce_prod", [ws], (4,), axes=(1,))
+    pd = t.dop("reduce_prod", [w2], (4,), axes=(1,))
+    out = t.run()
+    assert out.views(split_s, split_d) == []
+    assert out.views(ws, w2) and out.views(ps, pd) == []   # prod(2 w) = 2^6 prod(w)
+
+
+@pytest.mark.parametrize("kind,params", [("sort", {"dimension": 1}),
+                                         ("cummax", {"axis": 1, "reverse": False}),
+                                         ("cumsum", {"axis": 1, "reverse": True})])
+def test_sorts_and_scans_along_a_whole_axis_keep_the_block(kind, params):
+    t = Tiny()
+    xs, xd = t.input((4, 6), ("x", None))
+    ys = t.sop(kind, [xs], (4, 6), **params)
+    yd = t.dop(kind, [xd], (2, 6), **params)
+    t.output(ys, yd, ("x", None))
+    assert t.run().result.verified
+
+
+def test_a_scan_along_a_split_axis_has_no_view_and_cumsum_keeps_partial_terms():
+    t = Tiny()
+    xs, xd = t.input((4, 6), (None, "x"))
+    ys = t.sop("cumsum", [xs], (4, 6), axis=1, reverse=False)
+    yd = t.dop("cumsum", [xd], (4, 3), axis=1, reverse=False)
+    # a partial sum along the batch dim, then a cumsum along the other (whole) dim
+    ws, wd = t.input((6, 5), ("x", None))
+    ps = t.sop("dot_general", [xs, ws], (4, 5), **DOT)
+    pd = t.dop("dot_general", [xd, wd], (4, 5), **DOT)
+    cs = t.sop("cumsum", [ps], (4, 5), axis=1, reverse=False)
+    cd = t.dop("cumsum", [pd], (4, 5), axis=1, reverse=False)
+    rd = t.dop("all_reduce", [cd], (4, 5), reducer="sum", groups=[[0, 1]])
+    t.output(cs, rd)
+    out = t.run()
+    assert out.views(ys, yd) == []
+    assert {v.partial.op for v in out.views(cs, cd, 0)} == {t.seq.ops[-2].id}
+    assert out.result.verified

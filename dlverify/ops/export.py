@@ -342,10 +342,11 @@ def dot_general(ex: FactSink, s: Site) -> tuple:
 
 
 def reduction(ex: FactSink, s: Site) -> tuple:
-    """reduce_sum/max/min: the reduced axes with their reducer code."""
+    """Reductions: the reduced axes with their reducer code (sum, max, min; -1 for
+    reductions that only relate over whole axes: prod, and/or/xor, argmax/argmin)."""
     op = s.op
     axes = tuple(op.params["axes"])
-    red = _REDUCE_KIND[op.kind]
+    red = _REDUCE_KIND.get(op.kind, -1)
     for idx, ax in enumerate(axes):
         ex.add(S.REDUCE_AXIS, op.id, idx, ax, len(axes), red)
         if not s.dist:
@@ -354,6 +355,16 @@ def reduction(ex: FactSink, s: Site) -> tuple:
     for j, i in enumerate(kept):
         ex.add(S.REDUCE_OUT, op.id, j, i)
     return (op.kind, axes)
+
+
+def along_axis(ex: FactSink, s: Site) -> tuple:
+    """cumsum/cumprod/cummax/cummin (param `axis`) and sort (`dimension`): each
+    row along the axis is processed alone, every other dim is kept."""
+    p = s.op.params
+    ex.add(S.ALONG_AXIS, s.op.id, int(p["axis"] if "axis" in p else p["dimension"]))
+    if s.op.kind == "cumsum":
+        ex.add(S.ALONG_LINEAR, s.op.id)
+    return (s.op.kind, tuple(sorted(p.items())))
 
 
 # ----------------------------------------------------------------- collectives

@@ -106,7 +106,7 @@ def _layout(name: str, arity: Arity, fn: LocalFn | None, export: X.ExportFn = X.
     return OpKind(name, arity, F.LAYOUT, A.DATA_MOVEMENT, fn, export, copies_operand0=copies_operand0)
 
 
-def _reduction(name: str, fn: LocalFn, export: X.ExportFn = X.only_signature) -> OpKind:
+def _reduction(name: str, fn: LocalFn, export: X.ExportFn = X.reduction) -> OpKind:
     return OpKind(name, UNARY, F.REDUCTION, A.REDUCTION, fn, export)
 
 
@@ -183,11 +183,11 @@ _KINDS: list[OpKind] = [
     _reduction("argmax", T.argmax), _reduction("argmin", T.argmin),
     # contraction, scans, sort
     OpKind("dot_general", BINARY, F.CONTRACTION, A.BILINEAR, T.dot_general, X.dot_general),
-    OpKind("cumsum", UNARY, F.SCAN, A.LINEAR, T.cumsum, X.only_signature),
-    OpKind("cumprod", UNARY, F.SCAN, A.NONLINEAR, T.cumprod, X.only_signature),
-    OpKind("cummax", UNARY, F.SCAN, A.NONLINEAR, T.cummax, X.only_signature),
-    OpKind("cummin", UNARY, F.SCAN, A.NONLINEAR, T.cummin, X.only_signature),
-    OpKind("sort", at_least(1), F.SORT, A.NONLINEAR, T.sort, X.only_signature),
+    OpKind("cumsum", UNARY, F.SCAN, A.LINEAR, T.cumsum, X.along_axis),
+    OpKind("cumprod", UNARY, F.SCAN, A.NONLINEAR, T.cumprod, X.along_axis),
+    OpKind("cummax", UNARY, F.SCAN, A.NONLINEAR, T.cummax, X.along_axis),
+    OpKind("cummin", UNARY, F.SCAN, A.NONLINEAR, T.cummin, X.along_axis),
+    OpKind("sort", at_least(1), F.SORT, A.NONLINEAR, T.sort, X.along_axis),
     # collectives
     _collective("all_reduce", T.all_reduce, X.all_reduce),
     _collective("all_gather", T.all_gather, X.all_gather),
