@@ -84,12 +84,14 @@ def heatmap_svg(report: StatsReport) -> str:
     ok = [m for m in report.models if not m.error]
     rows = report.rows()
     top = max((m.counts.get(r, 0) for m in ok for r in rows), default=0)
-    width = PAD * 2 + LABEL_W + CELL_W * max(1, len(ok))
+    width = PAD * 2 + LABEL_W + CELL_W * max(1, len(ok)) + HEADER_H  # room for the slanted names
     height = PAD * 2 + HEADER_H + CELL_H * len(rows)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
            f'font-family="monospace" font-size="9">',
            f'<title>tuples derived per rule and model (rules: {escape(str(report.rules.folder))})</title>',
-           f'<rect width="{width}" height="{height}" fill="#ffffff"/>']
+           f'<rect width="{width}" height="{height}" fill="#ffffff"/>',
+           f'<text x="{PAD}" y="{PAD + 10}">tuples derived per rule (rows) and model (columns)</text>',
+           f'<text x="{PAD}" y="{PAD + 22}">colour: log(1 + n), darkest n = {top}; white: none</text>']
     x0, y0 = PAD + LABEL_W, PAD + HEADER_H
     for j, m in enumerate(ok):
         x = x0 + j * CELL_W + CELL_W // 2
