@@ -136,11 +136,12 @@ def test_rules_check_passes_on_the_shipped_rules():
     assert "no unsound rule found" in res.output
 
 
-@pytest.mark.parametrize("file, extra, seed, trials", [("layout.dl", UNSOUND_SLICE, 2, 4),
-                                                        ("elementwise.dl", UNSOUND_EXP, 1, 12)])
-def test_rules_check_names_an_unsound_rule_with_a_counterexample(tmp_path, file, extra, seed, trials):
+@pytest.mark.parametrize("file, extra", [("layout.dl", UNSOUND_SLICE), ("elementwise.dl", UNSOUND_EXP)])
+def test_rules_check_names_an_unsound_rule_with_a_counterexample(tmp_path, file, extra):
     folder, line = copy_rules(tmp_path, file, extra)
-    res = run_cli("rules", "check", str(folder), "--trials", str(trials), "--seed", str(seed), "--json")
+    seed, trials = 0, 120  # --first: stops at the first unsound rule (a few trials in practice)
+    res = run_cli("rules", "check", str(folder), "--trials", str(trials), "--seed", str(seed), "--first",
+                  "--json")
     assert res.exit_code == 1, res.output
     report = json.loads(res.output)
     assert [u["rule"] for u in report["unsound"]] == [f"{file}:{line}"]  # and no other rule
@@ -148,7 +149,7 @@ def test_rules_check_names_an_unsound_rule_with_a_counterexample(tmp_path, file,
     assert bad["error"] > 1e-6 and "View(" in bad["view"] and "distributed:" in bad["program"]
     if file == "layout.dl":  # deterministic for a seed: the same counterexample again
         again = json.loads(run_cli("rules", "check", str(folder), "--trials", str(trials), "--seed",
-                                   str(seed), "--json").output)
+                                   str(seed), "--first", "--json").output)
         assert again["unsound"][0]["program"] == bad["program"]
 
 

@@ -63,6 +63,7 @@ def check(
     trials: int = typer.Option(200, "--trials", help="random program pairs to try at most"),
     seconds: float = typer.Option(60.0, "--time", help="seconds to fuzz at most"),
     max_steps: int = typer.Option(6, "--max-steps", help="ops per random program at most"),
+    first: bool = typer.Option(False, "--first", help="stop at the first unsound rule found"),
     json_out: bool = typer.Option(False, "--json", help="print the report as JSON"),
 ) -> None:
     """Fuzz every View rule numerically on random tiny program pairs; exit 1 with a
@@ -77,7 +78,7 @@ def check(
 
         if trials < 1 or seconds <= 0 or max_steps < 1:
             raise InputError("--trials and --max-steps must be at least 1 and --time positive")
-        report = check_rules(load_rule_set(rules_dir), trials, seconds, seed, max_steps)
+        report = check_rules(load_rule_set(rules_dir), trials, seconds, seed, max_steps, first)
         if json_out:
             typer.echo(json.dumps(check_json(report), indent=1))
         else:

@@ -231,8 +231,9 @@ def _blame(model: TracedModel, wrong: dict[tuple, WrongView], report: CheckRepor
 
 
 def check_rules(rules: RuleSet, trials: int = 200, seconds: float | None = 60.0, seed: int = 0,
-                max_steps: int = 6) -> CheckReport:
-    """Fuzz every View rule of `rules` over `trials` random programs (or until `seconds`)."""
+                max_steps: int = 6, first: bool = False) -> CheckReport:
+    """Fuzz every View rule of `rules` over `trials` random programs (or until `seconds`;
+    or, with `first`, until an unsound rule is found)."""
     from dlverify.api import problem_tables
 
     start = time.monotonic()
@@ -240,7 +241,7 @@ def check_rules(rules: RuleSet, trials: int = 200, seconds: float | None = 60.0,
     report = CheckReport(rules, view_rules)
     gen = Generator(random.Random(seed))
     for trial in range(trials):
-        if seconds is not None and time.monotonic() - start > seconds:
+        if (seconds is not None and time.monotonic() - start > seconds) or (first and report.unsound):
             break
         problem = gen.program(trial, max_steps)
         report.trials += 1

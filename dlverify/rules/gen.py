@@ -130,7 +130,22 @@ class Generator:
             if t.dshape(b) != t.dshape(a):
                 return False
         ins = [a, b] if self.rng.random() < 0.5 else [b, a]
+        if self.rng.random() < 0.2:  # a quotient, by a positive denominator: exp(b)
+            den = t.both("exp", [ins[1]], t.sshape(a), t.dshape(a), {})
+            t.both("div", [ins[0], den], t.sshape(a), t.dshape(a), {})
+            return True
         t.both(self.rng.choice(BINARY), ins, t.sshape(a), t.dshape(a), {})
+        return True
+
+    def clamp(self, t: TinyPair) -> bool:
+        """clamp(lo, x, hi) with bounds of the same shapes (three operands)."""
+        x = self.pick(t)
+        if x is None:
+            return False
+        lo, hi = (self.fresh_input(t, t.sshape(x), t.dshape(x)) for _ in range(2))
+        if not t.dshape(lo) == t.dshape(hi) == t.dshape(x):
+            return False
+        t.both("clamp", [lo, x, hi], t.sshape(x), t.dshape(x), {})
         return True
 
     def scale(self, t: TinyPair) -> bool:
@@ -311,7 +326,7 @@ class Generator:
         return [ranks]
 
     STEPS = ("unary", "unary", "unary", "binary", "binary", "scale", "dot", "dot", "reduce",
-             "transpose", "slice", "broadcast", "reshape", "concatenate", "all_reduce", "all_reduce",
+             "clamp", "transpose", "slice", "broadcast", "reshape", "concatenate", "all_reduce", "all_reduce",
              "all_gather", "reduce_scatter", "all_to_all", "permute")
 
     def program(self, index: int, max_steps: int = 6) -> Problem:
