@@ -1,5 +1,5 @@
-"""`dlverify zoo --ray`: a small zoo (the smallest example cases, a hung and a
-crashing item) on a local Ray cluster (127.0.0.1, two CPUs, no dashboard)
+"""`dlverify zoo --ray`: a small zoo (the smallest example cases, a hung, a
+crashing and a greedy item) on a local Ray cluster (127.0.0.1, two CPUs, no dashboard)
 gives the local pool's verdicts; the CLI joins a running cluster by its
 address; without Ray, `--ray` is one line naming the extra, exit 2.
 
@@ -20,7 +20,7 @@ from dlverify.zoo import ZooOptions, run_zoo
 from dlverify.zoo.display import status_lines
 from dlverify.zoo.items import entries_of
 
-from test_zoo import CRASHES, HANGS, tiny, write
+from test_zoo import CRASHES, GREEDY, HANGS, tiny, write
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 # The smallest bundled cases: a verified one and a planted bug found as expected.
@@ -50,9 +50,11 @@ def test_ray_gives_the_local_pools_verdicts(ray_cluster, tmp_path):
     driver); its item lines are the local pool's, times left out."""
     manifest = write(tmp_path, "zoo.toml", "".join(
         f'[[cases]]\npath = "{EXAMPLES / file}"\nname = "{name}"\n' for file, name in SMALL_CASES)
-        + '[[cases]]\npath = "hangs.py"\ntimeout = 3\n[[cases]]\npath = "crashes.py"\n')
+        + '[[cases]]\npath = "hangs.py"\ntimeout = 3\n[[cases]]\npath = "crashes.py"\n'
+        + '[[cases]]\npath = "greedy.py"\nmax_memory = "1G"\n')  # also 1G of Ray's memory
     write(tmp_path, "hangs.py", HANGS)
     write(tmp_path, "crashes.py", CRASHES)
+    write(tmp_path, "greedy.py", GREEDY)
     out = tmp_path / "out"
     res = subprocess.run([sys.executable, "-m", "dlverify.cli", "zoo", str(manifest), "--jobs", "2",
                           "--engine", "clingo", "--ray", ray_cluster, "--cache-dir",
@@ -66,13 +68,13 @@ def test_ray_gives_the_local_pools_verdicts(ray_cluster, tmp_path):
     assert sorted(map(without_seconds, lines)) == sorted(
         without_seconds(line) for r in local.results for line in status_lines(r))
     assert summary.split(";")[0] == local.summary().split(";")[0] == (
-        "summary: 4 items: 1 verified, 1 bug found as expected, 0 mismatches, 2 errors "
-        "(1 out of time, 1 crashed)")
+        "summary: 5 items: 1 verified, 1 bug found as expected, 0 mismatches, 3 errors "
+        "(1 out of time, 1 out of memory, 1 crashed)")
     assert any(line.startswith("ERROR") and "hangs.py::hangs: out of time after 3 s" in line
                for line in lines)
     assert any(line.startswith("ERROR") and "SIGSEGV" in line for line in lines)
     report = json.loads((out / "zoo.json").read_text())
-    assert len(report["cases"]) == 4 and (out / "index.html").is_file()
+    assert len(report["cases"]) == 5 and (out / "index.html").is_file()
 
 
 def test_without_ray_the_option_names_the_extra(tmp_path, monkeypatch):
