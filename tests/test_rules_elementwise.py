@@ -156,7 +156,11 @@ def test_add_of_terms_with_different_scales_has_no_view():
     out = t.run()
     assert vset(out, ys, y2, 0) == {((0, 0), term(sop, 0), TWO)}
     assert out.views(as_, ad) == []
-    assert vset(out, as_, ok, 1) == {((0, 0), term(sop, 1), UNIT)}
+    # a term of the same sum, and (the same adds on both sides) a term of the
+    # accumulation tree's family (partials.dl: Tag_AccBase = 5000 + reduced axis,
+    # named by its first leaf)
+    assert vset(out, as_, ok, 1) == {((0, 0), term(sop, 1), UNIT),
+                                     ((0, 0), Partial(0, sop, 5000, 3, 6), UNIT)}
 
 
 def test_partial_plus_complete_has_no_view_and_is_reported():
@@ -192,10 +196,12 @@ def test_terms_of_different_sums_do_not_add():
     assert vset(out, y1s, y1d, 0) == {((0, 0), term(op1, 0), UNIT)}
     assert vset(out, y2s, y2d, 0) == {((0, 0), term(op2, 0), UNIT)}
     # never a term of either sum: a term of the add's own family (partials.dl),
-    # F(k) = F1(k) + F2(k), which a psum completes only over the same ranges
+    # F(k) = F1(k) + F2(k), which a psum completes only over the same ranges, in
+    # both its namings (two reductions added; an accumulation tree, Tag_AccBase)
     add_op = t.seq.ops[-1].id
-    assert {v.partial for v in out.views(zs, zd)} == {
-        Partial(0, add_op, 2000, 3 * r, 3 * r + 3) for r in range(2)}
+    assert {v.partial for v in out.views(zs, zd)} == (
+        {Partial(0, add_op, 2000, 3 * r, 3 * r + 3) for r in range(2)}
+        | {Partial(0, op1, 5000, 3 * r, 3 * r + 3) for r in range(2)})
 
 
 # ---------------------------------------------------------------- mul / div
