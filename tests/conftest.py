@@ -35,6 +35,15 @@ def example_targets() -> list[tuple[Path, str]]:
     return out
 
 
+def distinct_graph_targets() -> list[tuple[Path, str]]:
+    """example_targets() without the model cases whose graphs repeat another case's:
+    the TP=4 models (their TP=2 twins' graphs on more ranks) and the models with
+    their layers as a lax.scan (unrolled, the layers of the loop-over-layers
+    models). For suites that compare two ways of evaluating the same rules."""
+    return [(p, n) for p, n in example_targets()
+            if p.parent.name != "models" or ("_tp4" not in n and "_scan_" not in n)]
+
+
 def bug_line(dist_fn) -> int:
     """The line marked `# BUG` inside the local function of a shard_map program."""
     fn = dist_fn

@@ -1,15 +1,15 @@
 """Segment-by-segment evaluation gives the same views and verdicts as one fixpoint."""
 import pytest
 
-from conftest import example_targets
+from conftest import distinct_graph_targets
 from dlverify.api import verify_problem
 from dlverify.cases import load_cases
 from dlverify.frontends.jaxpr import import_jax
 from dlverify.segments import needs_segments
 
-# The models at TP=4 have the graphs of their TP=2 twins with more ranks: the
-# tiny-window comparison runs on every example, bug-zoo case and TP=2 model.
-TARGETS = [(p, n) for p, n in example_targets() if "_tp4" not in n or p.parent.name != "models"]
+# The tiny-window comparison runs on every example, bug-zoo case and TP=2 model
+# with its layers in a Python loop (see conftest.distinct_graph_targets).
+TARGETS = distinct_graph_targets()
 
 
 @pytest.mark.parametrize("path,name", TARGETS, ids=[n for _, n in TARGETS])
