@@ -35,13 +35,24 @@ def example_targets() -> list[tuple[Path, str]]:
     return out
 
 
-def distinct_graph_targets() -> list[tuple[Path, str]]:
-    """example_targets() without the model cases whose graphs repeat another case's:
-    the TP=4 models (their TP=2 twins' graphs on more ranks) and the models with
-    their layers as a lax.scan (unrolled, the layers of the loop-over-layers
-    models). For suites that compare two ways of evaluating the same rules."""
-    return [(p, n) for p, n in example_targets()
-            if p.parent.name != "models" or ("_tp4" not in n and "_scan_" not in n)]
+def representative_targets() -> list[tuple[Path, str]]:
+    """One correct case and one buggy twin of every example file, and the TP=2
+    sequence-parallel models (forward and training), with their layers in a
+    Python loop. For suites that compare two ways of evaluating the same rules
+    (engine parity, segments against one fixpoint): the other cases repeat these
+    graphs on more ranks, with other layer counts or as a lax.scan, and every
+    case is verified end to end by tests/test_examples_e2e.py."""
+    out, seen = [], set()
+    for p, n in example_targets():
+        if p.parent.name == "models":
+            if "_tp2_sp_" in n:
+                out.append((p, n))
+            continue
+        kind = (p, "bug" in n)
+        if kind not in seen:
+            seen.add(kind)
+            out.append((p, n))
+    return out
 
 
 def bug_line(dist_fn) -> int:

@@ -1,14 +1,14 @@
 """Segment-by-segment evaluation gives the same views and verdicts as one fixpoint."""
 import pytest
 
-from conftest import distinct_graph_targets
+from conftest import representative_targets
 from dlverify.api import DEFAULT_WINDOW, verify_problem
 from dlverify.frontends.jaxpr import import_jax
 from dlverify.segments import needs_segments
 
-# The tiny-window comparison runs on every example, bug-zoo case and TP=2 model
-# with its layers in a Python loop (see conftest.distinct_graph_targets).
-TARGETS = distinct_graph_targets()
+# The tiny-window comparison runs on a correct case and a buggy twin of every
+# example file and on the TP=2 SP models (see conftest.representative_targets).
+TARGETS = representative_targets()
 
 
 @pytest.mark.parametrize("path,name", TARGETS, ids=[n for _, n in TARGETS])

@@ -1,8 +1,8 @@
-"""Parity of the two engines on everything the project verifies: every example case
-(examples/*.py, examples/bugs/, examples/models/ at the sizes their case files give,
-less the models whose graphs repeat another case's: conftest.distinct_graph_targets)
-and every HLO pair in tests/data give the same verdict, the same failures and the same
-derived views with Soufflé as with clingo.
+"""Parity of the two engines: a correct case and a buggy twin of every example file
+(examples/*.py, examples/bugs/), the TP=2 sequence-parallel models forward and
+training (conftest.representative_targets), and every HLO pair in tests/data give
+the same verdict, the same failures and the same derived views with Soufflé as
+with clingo.
 
 Skipped when `souffle` is not on PATH (CI puts ../shared/tools/souffle/bin there).
 Soufflé runs its cached compiled binary of the rules when there is one (built by any
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import distinct_graph_targets
+from conftest import representative_targets
 from dlverify.api import rules_path, verify_jax
 from dlverify.engine import load_rules, souffle_runner
 from dlverify.hlo_api import verify_hlo
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.skipif(
 
 DATA = Path(__file__).resolve().parent / "data"
 NEURON, MUT = DATA / "neuron_llama", DATA / "mutants"
-TARGETS = distinct_graph_targets()  # every example, bug-zoo case and TP=2 loop model
+TARGETS = representative_targets()
 HLO_PAIRS = [
     ("neuron_layer1", NEURON / "tp1_layer1.hlo", NEURON / "tp2_layer1.hlo", NEURON / "tp2.toml"),
     ("neuron_layer2", NEURON / "tp1_layer2.hlo", NEURON / "tp2_layer2.hlo", NEURON / "tp2_layer2.toml"),
