@@ -7,7 +7,7 @@ distributed tensor's shape. Replicated is the block at offset 0 of full size.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -29,7 +29,13 @@ class BlockRelation:
         return self.seq_shape == self.dist_shape
 
 
-def _axes_of(entry: SpecEntry) -> tuple[str, ...]:
+def spec_entries(spec: Any) -> tuple[SpecEntry, ...]:
+    """The entries of a PartitionSpec-like `spec` (None: no entries, all replicated)."""
+    return tuple(spec) if spec is not None else ()
+
+
+def axes_of(entry: SpecEntry) -> tuple[str, ...]:
+    """The mesh axes one spec entry shards its dim over (None: none)."""
     if entry is None:
         return ()
     if isinstance(entry, str):
@@ -47,7 +53,7 @@ def spec_relation(global_shape: Sequence[int], spec: Sequence[SpecEntry], mesh: 
                          f"rank-{len(global_shape)} shape {global_shape}")
     local = []
     for dim, (size, entry) in enumerate(zip(global_shape, entries)):
-        axes = _axes_of(entry)
+        axes = axes_of(entry)
         for a in axes:
             if a not in mesh.axis_names:
                 raise InputError(f"{what}: partition spec names mesh axis {a!r}, "
@@ -62,7 +68,7 @@ def spec_relation(global_shape: Sequence[int], spec: Sequence[SpecEntry], mesh: 
         coords = mesh.coords(r)
         offs = []
         for size, entry, loc in zip(global_shape, entries, local):
-            axes = _axes_of(entry)
+            axes = axes_of(entry)
             idx = 0
             for a in axes:
                 idx = idx * mesh.axis_size(a) + coords[a]

@@ -17,7 +17,7 @@ from dlverify.frontends.jaxpr.shard_map import find_mesh
 from dlverify.frontends.jaxpr.walk import _OWN_FILES, Ctx, _dtype, walk
 from dlverify.ir import Graph, GraphBuilder, IdAllocator, Mesh
 from dlverify.problem import Problem
-from dlverify.relations import spec_relation
+from dlverify.relations import spec_entries, spec_relation
 
 import jax
 import jax.extend.core as jcore
@@ -61,10 +61,6 @@ def _find_shard_map(jaxpr: Any) -> tuple[Any, dict[Any, int]] | None:
             if isinstance(a, jcore.Literal) or a not in pos:
                 return None
         return sm, pos
-
-
-def _spec_entries(spec: Any) -> tuple[Any, ...]:
-    return tuple(spec) if spec is not None else ()
 
 
 def _trace(fn: Callable, avals: tuple[Any, ...], what: str) -> Any:
@@ -124,7 +120,7 @@ def import_jax(seq_fn: Callable, dist_fn: Callable, args: tuple[Any, ...], name:
         if dist_in[i] is None:
             dist_in[i] = db.tensor(tuple(bv.aval.shape), _dtype(bv.aval), f"in{i}")
             top_spec[i] = in_specs[k]
-        elif tuple(_spec_entries(top_spec[i])) != tuple(_spec_entries(in_specs[k])):
+        elif tuple(spec_entries(top_spec[i])) != tuple(spec_entries(in_specs[k])):
             raise InputError(f"argument {i} is passed to shard_map twice with different in_specs")
         body_ids.append(dist_in[i])
     inputs = []
@@ -133,7 +129,7 @@ def import_jax(seq_fn: Callable, dist_fn: Callable, args: tuple[Any, ...], name:
         if t is None:  # unused by the distributed program: give it a replicated stand-in
             dist_in[i] = db.tensor(s_shape, seq.tensors[seq_in[i]].dtype, f"in{i}")
             top_spec[i] = ()
-        rel = spec_relation(s_shape, _spec_entries(top_spec[i]), mesh, f"in_specs[{i}]")
+        rel = spec_relation(s_shape, spec_entries(top_spec[i]), mesh, f"in_specs[{i}]")
         if rel.dist_shape != dist.tensors[dist_in[i]].shape:
             raise InputError(f"argument {i}: in_specs give local shape {rel.dist_shape} but the "
                              f"shard_map body sees {dist.tensors[dist_in[i]].shape}")
@@ -147,7 +143,7 @@ def import_jax(seq_fn: Callable, dist_fn: Callable, args: tuple[Any, ...], name:
     outputs = []
     for i, (s, spec) in enumerate(zip(seq.outputs, p["out_specs"])):
         s_shape = seq.tensors[s].shape
-        rel = spec_relation(s_shape, _spec_entries(spec), mesh, f"out_specs[{i}]")
+        rel = spec_relation(s_shape, spec_entries(spec), mesh, f"out_specs[{i}]")
         if rel.dist_shape != dist.tensors[dist.outputs[i]].shape:
             raise InputError(f"output {i}: out_specs give local shape {rel.dist_shape} for the "
                              f"sequential shape {s_shape}, but the shard_map body returns "

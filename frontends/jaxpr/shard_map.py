@@ -28,7 +28,7 @@ import numpy as np
 from dlverify.errors import InputError
 from dlverify.frontends.jaxpr.walk import Ctx, _loc, _where, exporter, walk
 from dlverify.ir import Mesh, SourceLoc
-from dlverify.relations import spec_relation
+from dlverify.relations import axes_of, spec_entries, spec_relation
 
 import jax.extend.core as jcore
 
@@ -61,16 +61,6 @@ def find_mesh(closed: Any) -> Mesh | None:
     return found[0][0] if found else None
 
 
-def _entries(spec: Any) -> tuple[Any, ...]:
-    return tuple(spec) if spec is not None else ()
-
-
-def _axes(entry: Any) -> tuple[str, ...]:
-    if entry is None:
-        return ()
-    return (entry,) if isinstance(entry, str) else tuple(entry)
-
-
 def _int(ctx: Ctx, v: int, loc: SourceLoc) -> int:
     return ctx.b.constant(np.asarray(v, dtype=np.int32), (), "int32", loc)
 
@@ -94,11 +84,11 @@ def _block_start(ctx: Ctx, axes: tuple[str, ...], local: int, loc: SourceLoc) ->
 def _take_block(ctx: Ctx, t: int, spec: Any, loc: SourceLoc, what: str) -> int:
     assert ctx.mesh is not None
     ten = ctx.b.graph.tensors[t]
-    rel = spec_relation(ten.shape, _entries(spec), ctx.mesh, what)
+    rel = spec_relation(ten.shape, spec_entries(spec), ctx.mesh, what)
     if rel.is_replicated():
         return t
-    entries = list(_entries(spec)) + [None] * (ten.rank - len(_entries(spec)))
-    starts = [_block_start(ctx, _axes(e), n, loc) if _axes(e) else _int(ctx, 0, loc)
+    entries = list(spec_entries(spec)) + [None] * (ten.rank - len(spec_entries(spec)))
+    starts = [_block_start(ctx, axes_of(e), n, loc) if axes_of(e) else _int(ctx, 0, loc)
               for e, n in zip(entries, rel.dist_shape)]
     return ctx.b.op("dynamic_slice", [t] + starts, rel.dist_shape, ten.dtype,
                     {"slice_sizes": rel.dist_shape}, loc, "shard_map")
@@ -106,8 +96,8 @@ def _take_block(ctx: Ctx, t: int, spec: Any, loc: SourceLoc, what: str) -> int:
 
 def _assemble(ctx: Ctx, t: int, spec: Any, loc: SourceLoc) -> int:
     assert ctx.mesh is not None
-    for dim, entry in enumerate(_entries(spec)):
-        axes = _axes(entry)
+    for dim, entry in enumerate(spec_entries(spec)):
+        axes = axes_of(entry)
         if not axes:
             continue
         ten = ctx.b.graph.tensors[t]
