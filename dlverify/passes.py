@@ -69,16 +69,23 @@ def _value(graph: Graph, op: Op, ins: list[np.ndarray], mesh: Mesh | None, rank:
         return None
 
 
+def picked_case(inputs: list[int], splat: dict[int, list[float]], rank: int) -> int | None:
+    """The operand select_n(index, case0, case1, ...) returns on `rank` when its
+    index holds one valid value there, else None."""
+    if inputs[0] not in splat:
+        return None
+    idx = splat[inputs[0]][rank]
+    if float(idx) != int(idx) or not 0 <= int(idx) < len(inputs) - 1:
+        return None
+    return inputs[1 + int(idx)]
+
+
 def _picked_splats(inputs: list[int], splat: dict[int, list[float]], ranks: int) -> list[float] | None:
-    """select_n(index, case0, case1, ...) per rank, when the index holds one value
-    there and the case it picks holds one value: that value."""
+    """select_n per rank, when the case it picks there holds one value: that value."""
     out = []
     for r in range(ranks):
-        idx = splat[inputs[0]][r]
-        if float(idx) != int(idx) or not 0 <= int(idx) < len(inputs) - 1:
-            return None
-        case = inputs[1 + int(idx)]
-        if case not in splat:
+        case = picked_case(inputs, splat, r)
+        if case is None or case not in splat:
             return None
         out.append(splat[case][r])
     return out

@@ -14,7 +14,7 @@ import networkx as nx
 
 from dlverify.ir import Graph, Mesh, Op
 from dlverify.ops import KINDS
-from dlverify.passes import fold
+from dlverify.passes import fold, picked_case
 
 Node = tuple[int, int]  # (tensor, rank)
 
@@ -32,10 +32,9 @@ def _edges(op: Op, ranks: int, splat: dict[int, list[float]]) -> list[tuple[Node
     edges = []
     for r in range(ranks):
         inputs = op.inputs
-        if op.kind == "select_n" and op.inputs[0] in splat:
-            idx = splat[op.inputs[0]][r]
-            if float(idx) == int(idx) and 0 <= int(idx) < len(op.inputs) - 1:
-                inputs = [op.inputs[0], op.inputs[1 + int(idx)]]
+        case = picked_case(op.inputs, splat, r) if op.kind == "select_n" else None
+        if case is not None:
+            inputs = [op.inputs[0], case]
         edges += [((i, r), (out, r)) for i in inputs]
     return edges
 

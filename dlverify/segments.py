@@ -444,12 +444,12 @@ def _frontiers(problem: Problem, tables: FactTables, known: set[ViewRow]) -> dic
     (Zero, derived per segment, is not carried here: a failing deep run may list an op
     reading a tensor that is zero on some rank.)"""
     ranks = range(int(tables[S.RANK_COUNT][0][0])) if tables.get(S.RANK_COUNT) else range(1)
-    iota_ops = {row[0] for row in tables.get(S.IOTA_DIM, [])}
-    iota_ops |= {row[0] for row in tables.get(S.KNOWN_CONST, [])}  # known constants, too
+    # iotas and constants written in the program are known, related or not
+    known_ops = {row[0] for row in tables.get(S.IOTA_DIM, []) + tables.get(S.KNOWN_CONST, [])}
     seq_has = {v[0] for v in known} | {row[0] for row in tables.get(S.SEQ_SPLAT, [])}
-    seq_has |= {op.output for op in problem.seq.ops if op.id in iota_ops}
+    seq_has |= {op.output for op in problem.seq.ops if op.id in known_ops}
     dist_has = {(v[1], v[2]) for v in known} | {(row[0], row[1]) for row in tables.get(S.DIST_SPLAT, [])}
-    dist_has |= {(op.output, r) for op in problem.dist.ops if op.id in iota_ops for r in ranks}
+    dist_has |= {(op.output, r) for op in problem.dist.ops if op.id in known_ops for r in ranks}
     seq_front = [(op.id,) for op in problem.seq.ops
                  if op.inputs and op.output not in seq_has and all(t in seq_has for t in op.inputs)]
     dist_front = [(op.id, r) for op in problem.dist.ops if op.inputs for r in ranks

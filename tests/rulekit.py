@@ -59,6 +59,13 @@ class Tiny:
     def dconst(self, value: float, shape: tuple[int, ...] = ()) -> int:
         return self.D.constant(np.full(shape, value, dtype=np.float32), shape, "float32")
 
+    def drank_is(self, rank: int, shape: tuple[int, ...], axis: str = "x") -> int:
+        """A distributed bool tensor of `shape`, true on `rank` only: axis_index == rank."""
+        r = self.D.op("axis_index", [], (), "int32", {"axis": axis})
+        k = self.D.constant(np.asarray(rank, dtype=np.int32), (), "int32")
+        p = self.D.op("eq", [r, k], (), "bool")
+        return self.D.op("broadcast_in_dim", [p], shape, "bool", {"broadcast_dimensions": ()})
+
     def problem(self) -> Problem:
         names = [f"out{i}" for i in range(len(self.seq.outputs))]
         self.seq.output_names = self.dist.output_names = names

@@ -2,7 +2,6 @@
 which one member holds the value and the others zeros (a pipeline's output).
 
 `Tiny.run()` checks every derived view numerically on random data."""
-import numpy as np
 from rulekit import Tiny
 
 UNIT = (0, 0, 0, 0)
@@ -10,11 +9,7 @@ UNIT = (0, 0, 0, 0)
 
 def _on_rank(t, rank, shape, value, other):
     """select_n(axis_index == rank, other, value): `value` on `rank`, `other` elsewhere."""
-    r = t.D.op("axis_index", [], (), "int32", {"axis": "x"})
-    k = t.D.constant(np.asarray(rank, dtype=np.int32), (), "int32")
-    p = t.D.op("eq", [r, k], (), "bool")
-    pb = t.D.op("broadcast_in_dim", [p], shape, "bool", {"broadcast_dimensions": ()})
-    return t.dop("select_n", [pb, other, value], shape)
+    return t.dop("select_n", [t.drank_is(rank, shape), other, value], shape)
 
 
 def _zeros(t, shape):

@@ -8,20 +8,12 @@ from rulekit import Tiny
 UNIT = (0, 0, 0, 0)
 
 
-def _rank_is_zero(t, shape):
-    """A distributed bool tensor that is true on rank 0 only: axis_index == 0."""
-    r = t.D.op("axis_index", [], (), "int32", {"axis": "x"})
-    zero = t.D.constant(np.zeros((), dtype=np.int32), (), "int32")
-    p = t.D.op("eq", [r, zero], (), "bool")
-    return t.D.op("broadcast_in_dim", [p], shape, "bool", {"broadcast_dimensions": ()})
-
-
 def test_rank_dependent_index_takes_the_case_of_each_rank():
     # where(axis_index == 0, a, b): select_n(pred, b, a) is a on rank 0, b elsewhere
     t = Tiny()
     as_, ad = t.input((4, 6), ("x", None))
     bs, bd = t.input((4, 6))
-    pred = _rank_is_zero(t, (2, 6))
+    pred = t.drank_is(0, (2, 6))
     bd2 = t.dop("slice", [bd], (2, 6), start_indices=(0, 0), limit_indices=(2, 6), strides=None)
     sel = t.dop("select_n", [pred, bd2, ad], (2, 6))
     out = t.run()

@@ -204,12 +204,19 @@ _KINDS: list[OpKind] = [
 KINDS: dict[str, OpKind] = {k.name: k for k in _KINDS}
 
 
+# Layout kinds whose elements all come from their first n operands (None: all).
+_DATA_OPERANDS: dict[str, int | None] = {"concatenate": None, "pad": 2, "dynamic_update_slice": 2}
+
+
 def data_operands(kind: str, n_inputs: int) -> int:
     """How many leading operands every output element of `kind` is copied from
     (0: the kind computes, or moves elements of only some of them by index)."""
     if KINDS[kind].copies_operand0:
         return 1
-    return {"concatenate": n_inputs, "pad": 2, "dynamic_update_slice": 2}.get(kind, 0)
+    if kind not in _DATA_OPERANDS:
+        return 0
+    n = _DATA_OPERANDS[kind]
+    return n_inputs if n is None else n
 assert len(KINDS) == len(_KINDS), "an op kind is declared twice"
 
 
