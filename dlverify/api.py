@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from dlverify import schema as S
 from dlverify.diagnosis import Judge
@@ -17,6 +17,9 @@ from dlverify.problem import Problem
 from dlverify.rewrites import rewrite
 from dlverify.segments import SegmentedRun, needs_segments, run_segmented
 from dlverify.verdict import Result
+
+if TYPE_CHECKING:
+    from dlverify.patterns import Pattern
 
 REAL_ARITHMETIC_NOTE = ("the verdict is about real arithmetic: sums that the distributed program "
                         "reassociates across ranks may differ from the sequential ones by "
@@ -63,10 +66,13 @@ def verify_problem(problem: Problem, engine: EngineName = "auto",
                    keep_facts: Path | None = None,
                    timings: dict[str, float] | None = None,
                    window: int = DEFAULT_WINDOW, reporter: Any = None,
-                   cache_dir: Path | None = None, rules_dir: Path | None = None) -> Result:
+                   cache_dir: Path | None = None, rules_dir: Path | None = None,
+                   patterns: Sequence[Pattern] | None = None) -> Result:
     """`reporter` (dlverify.supervise.Reporter) is told the phases. `cache_dir`: an
     on-disk cache of segment results (dlverify/memo.py); off when None. `rules_dir`:
-    another rule set (a folder with a main.dl), checked against the schema first."""
+    another rule set (a folder with a main.dl), checked against the schema first.
+    `patterns`: the bug patterns matched on a failing verdict (None: the shipped ones;
+    README "Bug-pattern queries")."""
     from dlverify.rules.ruleset import checked_main
 
     main_dl = checked_main(rules_dir)
@@ -108,28 +114,37 @@ def verify_problem(problem: Problem, engine: EngineName = "auto",
             timings["report"] += time.perf_counter() - t1
             notes.append("then evaluated as one fixpoint, as the segments left outputs unproved")
     timings["datalog"] = res.seconds
+    matches = []
+    if not verified:   # explanations only: the verdict is settled
+        from dlverify.patterns import explain_failure, load_pattern_set
+        phase("patterns")
+        matches = explain_failure(problem, judge.views, judge.output_ok,
+                                  load_pattern_set() if patterns is None else patterns, engine, timings)
     return Result(
         name=problem.name, verified=verified, outputs=outputs, failures=failures,
         assumptions=list(problem.assumptions) + judge.inferred, notes=notes, timings=timings,
         fact_count=sum(len(v) for v in tables.values()),
         derived_count=sum(len(v) for v in res.relations.values()), engine=res.engine,
-        views=judge.views, problem=problem, segment_plan=plan)
+        views=judge.views, problem=problem, segment_plan=plan, patterns=matches)
 
 
 def verify_jax(seq_fn: Callable[..., Any], dist_fn: Callable[..., Any], *args: Any,
                engine: EngineName = "auto", keep_facts: Path | None = None,
                name: str = "", window: int = DEFAULT_WINDOW, reporter: Any = None,
-               cache_dir: Path | None = None, rules_dir: Path | None = None) -> Result:
+               cache_dir: Path | None = None, rules_dir: Path | None = None,
+               patterns: Sequence[Pattern] | None = None) -> Result:
     """Prove that `dist_fn` computes what `seq_fn` computes for all inputs of the
     shapes of `args` (arrays or jax.ShapeDtypeStructs). `dist_fn` is a shard_map
     program, or a `jax.jit(f, in_shardings=..., out_shardings=...)`: then its
     SPMD-partitioned per-device HLO is verified (frontends/jax_compiled.py).
     `reporter` (dlverify.supervise.Reporter) is told the phases; `cache_dir`: the
-    on-disk segment cache (see verify_problem); `rules_dir`: another rule set."""
+    on-disk segment cache (see verify_problem); `rules_dir`: another rule set;
+    `patterns`: the bug patterns (see verify_problem)."""
     t0 = time.perf_counter()
     problem, phase = jax_problem(seq_fn, dist_fn, *args, name=name, reporter=reporter)
     return verify_problem(problem, engine, keep_facts, {phase: time.perf_counter() - t0}, window,
-                          reporter=reporter, cache_dir=cache_dir, rules_dir=rules_dir)
+                          reporter=reporter, cache_dir=cache_dir, rules_dir=rules_dir,
+                          patterns=patterns)
 
 
 def jax_problem(seq_fn: Callable[..., Any], dist_fn: Callable[..., Any], *args: Any, name: str = "",

@@ -7,13 +7,16 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from dlverify.case import CASE_MARKER, Case
 from dlverify.errors import InputError
 from dlverify.supervise import NULL_REPORTER, Reporter, is_out_of_memory
 from dlverify.tasks import split_target  # noqa: F401: part of this module's interface
 from dlverify.verdict import CaseOutcome
+
+if TYPE_CHECKING:
+    from dlverify.patterns import Pattern
 
 
 
@@ -130,11 +133,13 @@ def build_case(path: Path, name: str, fn: Callable[[], Case]) -> Case:
 
 def run_case(path: Path, name: str, fn: Callable[[], Case], engine: str = "auto",
              keep_facts: Path | None = None, reporter: Reporter = NULL_REPORTER,
-             cache_dir: Path | None = None, rules_dir: Path | None = None) -> CaseOutcome:
+             cache_dir: Path | None = None, rules_dir: Path | None = None,
+             patterns: Sequence[Pattern] | None = None) -> CaseOutcome:
     """Build and verify one case. Bad input inside the case raises InputError,
     also when the user's seq or dist function fails while it is traced.
     `cache_dir`: the on-disk segment memo (dlverify/memo.py); off when None.
-    `rules_dir`: another rule set (a folder with a main.dl); the installed one when None."""
+    `rules_dir`: another rule set (a folder with a main.dl); the installed one when None.
+    `patterns`: the bug patterns matched on a failure (None: the shipped ones)."""
     from dlverify.api import verify_jax
 
     t0 = time.perf_counter()
@@ -143,7 +148,8 @@ def run_case(path: Path, name: str, fn: Callable[[], Case], engine: str = "auto"
     keep = keep_facts / name if keep_facts is not None else None
     try:
         res = verify_jax(c.seq, c.dist, *c.args, engine=engine, keep_facts=keep,  # type: ignore[arg-type]
-                         name=name, reporter=reporter, cache_dir=cache_dir, rules_dir=rules_dir)
+                         name=name, reporter=reporter, cache_dir=cache_dir, rules_dir=rules_dir,
+                         patterns=patterns)
     except InputError as e:
         if not e.file:  # nothing better known: point at the case
             e.file, e.line = str(path), _def_line(fn)

@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional
 
 import typer
 
+from dlverify.cli_checks import check_common, pattern_set, toml_ok
 from dlverify.errors import InputError
 
 EXIT_OK, EXIT_MISMATCH, EXIT_INPUT, EXIT_RESOURCES = 0, 1, 2, 3
@@ -66,93 +67,6 @@ def _fail_input(e: InputError) -> None:
     raise typer.Exit(EXIT_INPUT)
 
 
-# ---------------------------------------------------------------------------
-# checks made before anything runs: bad options exit 2 at once
-
-def _engine_ok(engine: str) -> None:
-    if engine not in ("auto", "clingo", "souffle"):
-        raise InputError(f"unknown engine {engine!r}: use auto, clingo or souffle")
-
-
-def _writable_file(path: Optional[Path], option: str) -> None:
-    """The file can be created or overwritten (tried, not guessed: root passes
-    every permission test but still cannot write under /proc)."""
-    if path is None:
-        return
-    if path.is_dir():
-        raise InputError(f"{option}: is a directory, expected a file path", str(path))
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise InputError(f"{option}: the folder {parent} does not exist", str(path))
-    existed = path.exists()
-    try:
-        with open(path, "ab"):
-            pass
-    except OSError as e:
-        raise InputError(f"{option}: cannot write here: {e.strerror or e}", str(path)) from None
-    if not existed:
-        try:
-            path.unlink()
-        except OSError:
-            pass
-
-
-def _writable_dir(path: Optional[Path], option: str) -> None:
-    if path is None:
-        return
-    if path.exists() and not path.is_dir():
-        raise InputError(f"{option}: exists and is not a folder", str(path))
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".dlverify-write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise InputError(f"{option}: cannot write here: {e.strerror or e}", str(path)) from None
-
-
-def _toml_ok(path: Optional[Path], option: str) -> None:
-    """A spec or registry file is UTF-8 TOML: checked before the run, so that
-    bytes that are not text or nesting deeper than the parser's recursion
-    end as one line naming the file and line, whoever reads the file later."""
-    if path is None:
-        return
-    if not path.is_file():
-        raise InputError(f"{option}: {'not a file' if path.exists() else 'no such file'}",
-                         str(path))
-    import tomllib
-
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise InputError(f"{option}: not UTF-8 text (byte {e.start})", str(path),
-                         data[: e.start].count(b"\n") + 1) from None
-    try:
-        tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        line = getattr(e, "lineno", 0) or _toml_error_line(str(e))
-        raise InputError(f"{option}: not valid TOML: {str(e).split(' (at')[0]}", str(path),
-                         line) from None
-    except RecursionError:
-        raise InputError(f"{option}: nested too deeply", str(path)) from None
-
-
-def _toml_error_line(message: str) -> int:
-    import re
-    m = re.search(r"at line (\d+)", message)
-    return int(m.group(1)) if m else 0
-
-
-def _explain_ok(explain: Optional[str]) -> None:
-    if explain is None:
-        return
-    name, _, rank = explain.partition("@")
-    if not name or (rank and not rank.isdigit()) or ("@" in explain and not rank):
-        raise InputError(f"--explain {explain!r}: expected OUTPUT or OUTPUT@RANK, e.g. out0 or "
-                         "out0@1")
-
-
 @dataclass
 class _Options:
     """The options every verification command shares, checked."""
@@ -163,26 +77,6 @@ class _Options:
     max_memory: Optional[int]
     sarif: Optional[Path]
     junit: Optional[Path]
-
-
-def _check_common(engine: str, timeout: Optional[float], max_memory: Optional[str],
-                  explain: Optional[str], outputs: dict[str, Optional[Path]],
-                  keep_facts: Optional[Path] = None,
-                  cache: Optional[Path] = None, rules: Optional[Path] = None) -> Optional[int]:
-    """Validate what is shared (--rules: the rule set fits the schema); returns the memory limit in bytes."""
-    from dlverify.rules.ruleset import checked_main
-    from dlverify.supervise import check_seconds, parse_memory
-
-    _engine_ok(engine)
-    check_seconds(timeout)
-    memory = parse_memory(max_memory) if max_memory is not None else None
-    _explain_ok(explain)
-    for option, path in outputs.items():
-        _writable_file(path, option)
-    _writable_dir(keep_facts, "--keep-facts")
-    _writable_dir(cache, "--cache")
-    checked_main(rules)
-    return memory
 
 
 # ---------------------------------------------------------------------------
@@ -388,6 +282,7 @@ MEMORY_HELP = "memory for each case or HLO pair, e.g. 4G or 512M (exit 3 when ex
 CACHE_HELP = ("keep segment results on disk under DIR and reuse them in later runs "
               "(keyed by content, rules and version); off by default")
 RULES_HELP = "another rule set: a folder with a main.dl, checked against the schema (README 'Rule-set research')"
+PATTERNS_HELP = "a bug-pattern file (TOML) matched on failures besides the shipped ones; repeatable (README 'Bug-pattern queries')"
 
 
 @app.command("check-jax")
@@ -406,14 +301,16 @@ def check_jax(
     max_memory: Optional[str] = typer.Option(None, "--max-memory", help=MEMORY_HELP),
     cache: Optional[Path] = typer.Option(None, "--cache", help=CACHE_HELP),
     rules: Optional[Path] = typer.Option(None, "--rules", help=RULES_HELP),
+    patterns: Optional[list[Path]] = typer.Option(None, "--patterns", help=PATTERNS_HELP),
 ) -> None:
     """Verify the @dlverify.case functions of a Python file."""
     def body() -> None:
         from dlverify.tasks import CaseJob, Extras, list_cases_task, run_case_task, split_target
 
-        memory = _check_common(engine, timeout, max_memory, explain,
+        memory = check_common(engine, timeout, max_memory, explain,
                                {"--sarif": sarif, "--junit": junit, "--graph": graph}, keep_facts,
                                cache, rules)
+        pattern_list = pattern_set(patterns)
         ensure_host_devices()
         run = _Run(_Options(json_out, verbose, timeout, memory, sarif, junit))
         path, name = split_target(target)
@@ -428,7 +325,7 @@ def check_jax(
                 one_graph = graph if graph is None or len(names) == 1 \
                     else graph.with_name(f"{graph.stem}.{case_name}{graph.suffix}")
                 job = CaseJob(path, case_name, engine, keep_facts,
-                              Extras(explain, witness, one_graph, verbose), cache, rules)
+                              Extras(explain, witness, one_graph, verbose), cache, rules, pattern_list)
                 display.start(case_name)
                 got = run.supervise(run_case_task, (job,), display)
                 display.done()
@@ -482,12 +379,13 @@ def check_hlo(
     max_memory: Optional[str] = typer.Option(None, "--max-memory", help=MEMORY_HELP),
     cache: Optional[Path] = typer.Option(None, "--cache", help=CACHE_HELP),
     rules: Optional[Path] = typer.Option(None, "--rules", help=RULES_HELP),
+    patterns: Optional[list[Path]] = typer.Option(None, "--patterns", help=PATTERNS_HELP),
 ) -> None:
     """Verify a distributed HLO module against a sequential one."""
     def body() -> None:
         from dlverify.tasks import Extras, HloJob
 
-        memory = _check_common(engine, timeout, max_memory, explain,
+        memory = check_common(engine, timeout, max_memory, explain,
                                {"--sarif": sarif, "--junit": junit, "--graph": graph}, keep_facts,
                                cache, rules)
         if ranks is not None and not 1 <= ranks <= 65536:
@@ -496,11 +394,12 @@ def check_hlo(
             if not p.is_file():
                 raise InputError("cannot read HLO file: "
                                  + ("not a file" if p.exists() else "no such file"), str(p))
-        _toml_ok(spec, "--spec")
-        _toml_ok(custom_calls, "--custom-calls")
+        toml_ok(spec, "--spec")
+        toml_ok(custom_calls, "--custom-calls")
         job = HloJob(seq=seq, dist=dist, spec=spec, ranks=ranks, engine=engine,
                      custom_calls=custom_calls, keep_facts=keep_facts,
-                     extras=Extras(explain, witness, graph, verbose), cache_dir=cache, rules_dir=rules)
+                     extras=Extras(explain, witness, graph, verbose), cache_dir=cache, rules_dir=rules,
+                     patterns=pattern_set(patterns))
         _run_hlo(job, _Options(json_out, verbose, timeout, memory, sarif, junit))
 
     _run_command(body)
@@ -522,21 +421,23 @@ def check_dump(
     max_memory: Optional[str] = typer.Option(None, "--max-memory", help=MEMORY_HELP),
     cache: Optional[Path] = typer.Option(None, "--cache", help=CACHE_HELP),
     rules: Optional[Path] = typer.Option(None, "--rules", help=RULES_HELP),
+    patterns: Optional[list[Path]] = typer.Option(None, "--patterns", help=PATTERNS_HELP),
 ) -> None:
     """Verify every SPMD-partitioned module of an XLA dump folder (before
     optimisations vs after SPMD partitioning, else after optimisations)."""
     def body() -> None:
         from dlverify.tasks import Extras, HloJob
 
-        memory = _check_common(engine, timeout, max_memory, explain,
+        memory = check_common(engine, timeout, max_memory, explain,
                                {"--sarif": sarif, "--junit": junit, "--graph": graph},
                                cache=cache, rules=rules)
         if not dump_dir.is_dir():
             raise InputError("not a directory (expected an XLA dump folder written with "
                              "--xla_dump_to)", str(dump_dir))
-        _toml_ok(custom_calls, "--custom-calls")
+        toml_ok(custom_calls, "--custom-calls")
         job = HloJob(dump_dir=dump_dir, engine=engine, custom_calls=custom_calls,
-                     extras=Extras(explain, witness, graph, verbose), cache_dir=cache, rules_dir=rules)
+                     extras=Extras(explain, witness, graph, verbose), cache_dir=cache, rules_dir=rules,
+                     patterns=pattern_set(patterns))
         _run_hlo(job, _Options(json_out, verbose, timeout, memory, sarif, junit))
 
     _run_command(body)

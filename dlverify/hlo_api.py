@@ -18,7 +18,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from dlverify.api import DEFAULT_WINDOW, verify_problem
 from dlverify.engine import EngineName
@@ -31,6 +31,7 @@ from dlverify.verdict import Result
 
 if TYPE_CHECKING:
     from dlverify.frontends.hlo import HloModule
+    from dlverify.patterns import Pattern
 
 
 def read_hlo_module(path: str | Path) -> "HloModule":
@@ -97,13 +98,14 @@ def verify_hlo(seq_path: str | Path, dist_path: str | Path, spec_path: str | Pat
                ranks: int | None = None, engine: EngineName = "auto",
                window: int = DEFAULT_WINDOW, custom_calls: str | Path | dict | None = None,
                keep_facts: Path | None = None, cache_dir: Path | None = None,
-               rules_dir: Path | None = None) -> Result:
+               rules_dir: Path | None = None, patterns: Sequence[Pattern] | None = None) -> Result:
     """Prove that the distributed (SPMD, per-rank) HLO module computes what the
     sequential one computes. `spec_path`: the relation spec TOML (see
     dlverify/spec.py); `ranks` overrides its rank count; `custom_calls`: a
     custom-call registry file merged over the built-in one (or a loaded registry);
     `cache_dir`: the on-disk segment memo (dlverify/memo.py), off when None;
-    `rules_dir`: another rule set (a folder with a main.dl), checked against the schema."""
+    `rules_dir`: another rule set (a folder with a main.dl), checked against the schema;
+    `patterns`: the bug patterns matched on a failure (None: the shipped ones)."""
     t0 = time.perf_counter()
     spec = load_spec(spec_path) if spec_path is not None else None
     problem = hlo_problem(seq_path, dist_path, spec, ranks, IdAllocator(),
@@ -111,7 +113,7 @@ def verify_hlo(seq_path: str | Path, dist_path: str | Path, spec_path: str | Pat
     relate_elided_constants(problem)
     return verify_problem(problem, engine=engine, window=window, keep_facts=keep_facts,
                           timings={"parse": time.perf_counter() - t0}, cache_dir=cache_dir,
-                          rules_dir=rules_dir)
+                          rules_dir=rules_dir, patterns=patterns)
 
 
 def _registry(custom_calls: str | Path | dict | None) -> dict | None:
@@ -177,7 +179,8 @@ def dump_modules(dump_dir: str | Path) -> list[DumpModule]:
 def verify_dump(dump_dir: str | Path, engine: EngineName = "auto", window: int = DEFAULT_WINDOW,
                 custom_calls: str | Path | dict | None = None,
                 cache_dir: Path | None = None,
-                rules_dir: Path | None = None) -> list[tuple[str, Result]]:
+                rules_dir: Path | None = None,
+                patterns: Sequence[Pattern] | None = None) -> list[tuple[str, Result]]:
     """One verdict per SPMD-partitioned module of an XLA dump folder: the module
     before optimisations (the sequential program, global shapes) against the
     module after SPMD partitioning (dump with
@@ -187,7 +190,7 @@ def verify_dump(dump_dir: str | Path, engine: EngineName = "auto", window: int =
     (inferred from the views where there is none). Modules that were not
     partitioned (one device) are left out. `cache_dir`: the on-disk segment
     memo (dlverify/memo.py), shared by the modules; off when None. `rules_dir`: another
-    rule set (a folder with a main.dl)."""
+    rule set (a folder with a main.dl). `patterns`: as for verify_hlo."""
     from dlverify.frontends.hlo import root_output_relations
     from dlverify.frontends.hlo.pairing import pair_modules
 
@@ -209,7 +212,7 @@ def verify_dump(dump_dir: str | Path, engine: EngineName = "auto", window: int =
         relate_elided_constants(problem)
         res = verify_problem(problem, engine=engine, window=window,
                              timings={"parse": time.perf_counter() - t0}, cache_dir=cache_dir,
-                             rules_dir=rules_dir)
+                             rules_dir=rules_dir, patterns=patterns)
         results.append((mod.name, res))
     if not results:
         raise InputError("no SPMD-partitioned module in this folder (dump a program jitted "

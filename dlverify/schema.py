@@ -406,6 +406,64 @@ def rule_file_of(kind: str) -> str | None:
     return None
 
 
+# ---------------------------------------------------------------- bug-pattern queries
+# The relations of datalog/patterns.dl, a separate program run after a failing verdict
+# (dlverify/patterns/). Declared after RELATIONS on purpose: the verification's rule
+# sets neither read nor derive them; they are generated into datalog/pattern_schema.dl.
+PATGRAPH_OP = _rel("PatGraph_Op", "Distributed op the pattern queries search (an ancestor of a "
+                   "failing output).", "op:OpId")
+PATGRAPH_EDGE = _rel("PatGraph_Edge", "The output of distributed op a is an operand of op b.",
+                     "a:OpId", "b:OpId")
+PATGRAPH_LABEL = _rel("PatGraph_Label", "Op has `label` (a letter of the pattern alphabet: its kind, "
+                      "family, class, or its output's view class).", "op:OpId", "label:symbol")
+PATTERN_LETTER = _rel("Pattern_Letter", "A letter of some pattern: a conjunction of label tests.",
+                      "letter:symbol")
+LETTER_HAS = _rel("Letter_Has", "An op reads as `letter` only if it has `label`.",
+                  "letter:symbol", "label:symbol")
+LETTER_LACKS = _rel("Letter_Lacks", "An op reads as `letter` only if it lacks `label`.",
+                    "letter:symbol", "label:symbol")
+PATTERN_START = _rel("Pattern_Start", "The minimal DFA of pattern p starts in state q.",
+                     "p:symbol", "q:number")
+PATTERN_FINAL = _rel("Pattern_Final", "State q of pattern p's DFA accepts.", "p:symbol", "q:number")
+PATTERN_MOVE = _rel("Pattern_Move", "Pattern p's DFA moves from q to q2 on `letter`.",
+                    "p:symbol", "q:number", "letter:symbol", "q2:number")
+PATTERN_FIRST = _rel("Pattern_First", "A match of pattern p can begin at op o, leaving its DFA in q.",
+                     "p:symbol", "o:OpId", "q:number", role="output")
+PATTERN_STEP = _rel("Pattern_Step", "A step of a match of pattern p: from op o in state q along a "
+                    "def-use edge to op o2 in state q2.", "p:symbol", "o:OpId", "q:number",
+                    "o2:OpId", "q2:number", role="output")
+PATTERN_ACCEPT = _rel("Pattern_Accept", "A match of pattern p ends at op o in accepting state q.",
+                      "p:symbol", "o:OpId", "q:number", role="output")
+PATTERN_RELATIONS: tuple[Relation, ...] = (
+    PATGRAPH_OP, PATGRAPH_EDGE, PATGRAPH_LABEL, PATTERN_LETTER, LETTER_HAS, LETTER_LACKS,
+    PATTERN_START, PATTERN_FINAL, PATTERN_MOVE, PATTERN_FIRST, PATTERN_STEP, PATTERN_ACCEPT)
+assert not {r.name for r in PATTERN_RELATIONS} & set(BY_NAME), "a pattern relation shadows one"
+
+
+def _relation_decls(relations: tuple[Relation, ...]) -> list[str]:
+    out = []
+    for rel in relations:
+        cols = ", ".join(f"{c.name}: {c.type}" for c in rel.columns)
+        out += [f"/** {rel.doc} */", f".decl {rel.name}({cols})", f".{rel.role} {rel.name}", ""]
+    return out
+
+
+def render_pattern_decls() -> str:
+    """The generated `datalog/pattern_schema.dl`."""
+    used = {c.type for r in PATTERN_RELATIONS for c in r.columns}
+    out = [
+        "// GENERATED from dlverify/schema.py by `python -m dlverify.schema` - do not edit.",
+        "// Defines: the relations exchanged with Python by the bug-pattern queries",
+        "// (datalog/patterns.dl, run by dlverify/patterns/ after a failing verdict).",
+        "#pragma once",
+        "",
+    ]
+    for name, body, doc in TYPES:
+        if name in used:
+            out += [f"/** {doc} */", f".type {name} {body}"]
+    return "\n".join(out + [""] + _relation_decls(PATTERN_RELATIONS))
+
+
 def render_decls() -> str:
     """The generated `datalog/schema.dl`."""
     out = [
@@ -418,9 +476,7 @@ def render_decls() -> str:
     for name, body, doc in TYPES:
         out += [f"/** {doc} */", f".type {name} {body}"]
     out.append("")
-    for rel in RELATIONS:
-        cols = ", ".join(f"{c.name}: {c.type}" for c in rel.columns)
-        out += [f"/** {rel.doc} */", f".decl {rel.name}({cols})", f".{rel.role} {rel.name}", ""]
+    out += _relation_decls(RELATIONS)
     out.append("// Named constants: one fact each (the rule subset has no #define).")
     for const in CONSTANTS:
         out += [f"/** {const.doc} */", f".decl {const.name}({const.column.name}: {const.column.type})",
@@ -431,6 +487,8 @@ def render_decls() -> str:
 if __name__ == "__main__":
     from pathlib import Path
 
-    target = Path(__file__).resolve().parent.parent / "datalog" / "schema.dl"
-    target.write_text(render_decls())
-    print(f"wrote {target}")
+    folder = Path(__file__).resolve().parent.parent / "datalog"
+    for target, text in ((folder / "schema.dl", render_decls()),
+                         (folder / "pattern_schema.dl", render_pattern_decls())):
+        target.write_text(text)
+        print(f"wrote {target}")

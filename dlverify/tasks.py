@@ -16,6 +16,7 @@ from dlverify.errors import InputError
 from dlverify.supervise import NULL_REPORTER, Reporter
 
 if TYPE_CHECKING:  # the CLI's parent process imports this module: keep it light
+    from dlverify.patterns import Pattern
     from dlverify.verdict import CaseOutcome
 
 
@@ -40,6 +41,7 @@ class CaseJob:
     extras: Extras = Extras()
     cache_dir: Path | None = None  # the on-disk segment memo (--cache); off when None
     rules_dir: Path | None = None  # --rules: another rule set; the installed one when None
+    patterns: tuple[Pattern, ...] | None = None  # the bug patterns; None: the shipped ones
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ class HloJob:
     extras: Extras = Extras()
     cache_dir: Path | None = None  # the on-disk segment memo (--cache); off when None
     rules_dir: Path | None = None  # --rules: another rule set; the installed one when None
+    patterns: tuple[Pattern, ...] | None = None  # the bug patterns; None: the shipped ones
 
 
 @dataclass
@@ -103,7 +106,7 @@ def run_case_task(job: CaseJob, reporter: Reporter = NULL_REPORTER) -> ItemRun:
     reporter.phase("import")
     fn = dict(load_cases(job.path, job.name))[job.name]
     o = run_case(job.path, job.name, fn, job.engine, job.keep_facts, reporter,
-                 cache_dir=job.cache_dir, rules_dir=job.rules_dir)
+                 cache_dir=job.cache_dir, rules_dir=job.rules_dir, patterns=job.patterns)
     reporter.phase("report")
     lines = outcome_text(o, job.extras.verbose) + _extras(o, job.extras)
     return ItemRun.of(o, lines)
@@ -121,12 +124,12 @@ def run_hlo_task(job: HloJob, reporter: Reporter = NULL_REPORTER) -> list[ItemRu
         assert job.seq is not None and job.dist is not None
         res = verify_hlo(job.seq, job.dist, job.spec, ranks=job.ranks, engine=job.engine,
                          custom_calls=job.custom_calls, keep_facts=job.keep_facts,
-                         cache_dir=job.cache_dir, rules_dir=job.rules_dir)
+                         cache_dir=job.cache_dir, rules_dir=job.rules_dir, patterns=job.patterns)
         items = [(f"{job.seq.name} vs {job.dist.name}", str(job.dist), res,
                   time.perf_counter() - t0)]
     else:
         out = verify_dump(job.dump_dir, engine=job.engine, custom_calls=job.custom_calls,
-                          cache_dir=job.cache_dir, rules_dir=job.rules_dir)
+                          cache_dir=job.cache_dir, rules_dir=job.rules_dir, patterns=job.patterns)
         secs = (time.perf_counter() - t0) / max(1, len(out))
         items = [(res.name or name, name, res, secs) for name, res in out]
     reporter.phase("report")

@@ -93,6 +93,23 @@ FAILURE_KINDS = {
 }
 
 
+@dataclass(frozen=True)
+class PatternMatch:
+    """A bug pattern (dlverify/patterns/) matched by a path of distributed ops from
+    `start_*` to `end_*`: an explanation of a failure, never part of the verdict."""
+
+    pattern: str
+    explanation: str
+    advice: str
+    start_op: str
+    start_file: str
+    start_line: int
+    end_op: str
+    end_file: str
+    end_line: int
+    source: str = ""   # the pattern file
+
+
 @dataclass
 class Result:
     """The verdict on one program pair."""
@@ -115,6 +132,8 @@ class Result:
     # How a deep pair was cut into segments and why each pair of windows was made
     # (`SegmentPlan.lines()`, for -v); None when evaluated as one fixpoint.
     segment_plan: SegmentPlan | None = field(default=None, repr=False)
+    # Bug patterns matched on a failing result (explanations, README "Bug-pattern queries").
+    patterns: list[PatternMatch] = field(default_factory=list)
 
 
 Status = Literal["ok", "expected", "mismatch", "error"]

@@ -2,12 +2,42 @@
 from __future__ import annotations
 
 from dlverify.ir import Frame
-from dlverify.verdict import CaseOutcome, Failure, Result, short_path
+from dlverify.verdict import CaseOutcome, Failure, PatternMatch, Result, short_path
+
+SHOWN_PATTERNS = 3  # matches printed without --verbose
 
 
 def failure_line(f: Failure) -> str:
     where = f"{short_path(f.file)}:{f.line}" if f.file else "(no source line)"
+    inner = f.frames[0] if f.frames else None
+    if inner is not None and (inner.file, inner.line) != (f.file, f.line):
+        # reported at a caller (frontends/jaxpr/frames.py): name the helper it went through
+        where += f" (through {inner.function or 'a helper'} at {short_path(inner.file)}:{inner.line})"
     return f"{f.op} at {where}: {f.message}"
+
+
+def _at(op: str, file: str, line: int) -> str:
+    return f"{op} at {short_path(file)}:{line}" if file else op
+
+
+def pattern_line(m: PatternMatch) -> str:
+    path = (_at(m.end_op, m.end_file, m.end_line) if (m.start_op, m.start_file, m.start_line)
+            == (m.end_op, m.end_file, m.end_line) else
+            f"{_at(m.start_op, m.start_file, m.start_line)} -> {_at(m.end_op, m.end_file, m.end_line)}")
+    return f"pattern {m.pattern}: {m.explanation} ({path})"
+
+
+def pattern_lines(res: Result, verbose: bool = False) -> list[str]:
+    """The bug patterns matched (README "Bug-pattern queries"), with their advice under -v."""
+    shown = res.patterns if verbose else res.patterns[:SHOWN_PATTERNS]
+    lines = []
+    for m in shown:
+        lines.append(f"  {pattern_line(m)}")
+        if verbose and m.advice:
+            lines.append(f"      advice: {m.advice}")
+    if len(res.patterns) > len(shown):
+        lines.append(f"  ... and {len(res.patterns) - len(shown)} more pattern matches (--verbose)")
+    return lines
 
 
 def result_text(res: Result, verbose: bool = False) -> list[str]:
@@ -22,6 +52,7 @@ def result_text(res: Result, verbose: bool = False) -> list[str]:
         if verbose and res.failures and res.failures[0].frames:
             lines.append("  called from: " + " <- ".join(
                 f"{fr.function} ({short_path(fr.file)}:{fr.line})" for fr in res.failures[0].frames))
+        lines += pattern_lines(res, verbose)
     if verbose:
         lines += [f"  assumption: {a}" for a in res.assumptions]
         lines += [f"  note: {n}" for n in res.notes]
@@ -97,6 +128,7 @@ def pair_text(name: str, res: Result, seconds: float, verbose: bool = False) -> 
                 lines.append(f"      at {chain}")
         if len(res.failures) > len(shown):
             lines.append(f"  ... and {len(res.failures) - len(shown)} more (--verbose)")
+        lines += pattern_lines(res, verbose)
     lines += [f"  assumption: {a}" for a in res.assumptions]
     if verbose:
         lines += [f"  note: {n}" for n in res.notes]

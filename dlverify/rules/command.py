@@ -25,7 +25,8 @@ def stats(
     timeout: Optional[float] = typer.Option(None, "--timeout", help="seconds for EACH model's evaluation"),
 ) -> None:
     """How many tuples each rule derives, per model (a table, JSON, a heatmap SVG)."""
-    from dlverify.cli import _run_command, _writable_file, ensure_host_devices
+    from dlverify.cli import _run_command, ensure_host_devices
+    from dlverify.cli_checks import writable_file
 
     def body() -> None:
         from rich.console import Console
@@ -36,7 +37,7 @@ def stats(
         from dlverify.supervise import check_seconds
 
         check_seconds(timeout)
-        _writable_file(heatmap, "--heatmap")
+        writable_file(heatmap, "--heatmap")
         rule_set = load_rule_set(rules)
         ensure_host_devices()
         err = Console(stderr=True)
