@@ -530,11 +530,64 @@ def dumps() -> None:
     f.save("check-dump over hostile XLA dump folders")
 
 
+def patterns() -> None:
+    f = Folder("patterns")
+    f.write("bug.py", _case_body("@dlverify.case\ndef c():\n    return ok(dist=sm(lambda x: x * 2.0), expect='bug')"))
+    f.write("seq.hlo", TINY_SEQ)
+    f.write("dist.hlo", TINY_DIST)
+    args = ["check-jax", "{dir}/bug.py", "--patterns", "{file}"]
+    one = '[[pattern]]\nname = "{name}"\nregex = "{regex}"\nexplanation = "e"\n'
+    f.write("good.toml", one.format(name="mul-output", regex="mul&output"))
+    f.expect("good", 0, args, "pattern mul-output: e (mul at", file="good.toml",
+             why="the control: a user pattern matched on the expected bug")
+    for i in range(3):
+        name = f"random_{i}.toml"
+        f.write(name, _random_bytes(400 + i, 100 << i))
+        f.expect(name, 2, args, name)
+    bad = {
+        "invalid_toml": ("[[pattern]\nname = 'x'\n", "not valid TOML"),
+        "utf16": (one.format(name="x", regex="mul").encode("utf-16"), "not UTF-8"),
+        "deep_nesting": ("x = " + "[" * 5000 + "]" * 5000 + "\n", "deep_nesting.toml"),
+        "empty": ("", "expected one or more [[pattern]] tables"),
+        "pattern_not_a_table": ("pattern = 3\n", "expected one or more [[pattern]] tables"),
+        "unknown_table": (one.format(name="x", regex="mul") + "[extra]\n", "unknown table or key 'extra'"),
+        "unknown_key": (one.format(name="x", regex="mul") + "severity = 'high'\n", "unknown key 'severity'"),
+        "missing_explanation": ('[[pattern]]\nname = "x"\nregex = "mul"\n', "missing key 'explanation'"),
+        "regex_not_a_string": ('[[pattern]]\nname = "x"\nregex = 3\nexplanation = "e"\n', "regex must be a string"),
+        "bad_name": (one.format(name="Has Spaces", regex="mul"), "pattern name 'Has Spaces'"),
+        "unknown_label": (one.format(name="x", regex="partial frobnicate"), "unknown label 'frobnicate'"),
+        "unknown_negated_label": (one.format(name="x", regex="!frobnicate&mul"), "unknown label 'frobnicate'"),
+        "empty_label": (one.format(name="x", regex="partial&"), "unknown label ''"),
+        "unbalanced_parenthesis": (one.format(name="x", regex="(partial mul"), "malformed regex"),
+        "lone_star": (one.format(name="x", regex="*"), "malformed regex"),
+        "empty_regex": (one.format(name="x", regex=" "), "empty regex"),
+        "matches_empty_path": (one.format(name="x", regex="mul*"), "matches the empty path"),
+        "backslash": ('[[pattern]]\nname = "x"\nregex = \'mul\\\\*\'\nexplanation = "e"\n', "without backslashes"),
+        "huge_regex": (one.format(name="x", regex=" ".join(["mul"] * 700)), "at most 2000 characters"),
+        "defined_twice": (one.format(name="x", regex="mul") + one.format(name="x", regex="add"), "defined twice"),
+        "shadows_shipped": (one.format(name="scaled-output", regex="mul"), "already defined"),
+    }
+    for name, (content, contains) in bad.items():
+        f.write(f"{name}.toml", content)
+        f.expect(f"{name}.toml", 2, args, contains)
+    f.expect("patterns_missing", 2, ["check-jax", "{dir}/bug.py", "--patterns", "{dir}/missing.toml"],
+             "--patterns: no such file", file="good.toml")
+    f.expect("patterns_is_directory", 2, ["check-jax", "{dir}/bug.py", "--patterns", "{dir}"],
+             "--patterns: not a file", file="good.toml")
+    f.expect("check_with_bad_patterns", 2, ["check", "{dir}/seq.hlo", "{dir}/dist.hlo", "--patterns",
+                                            "{file}"], "unknown label 'frobnicate'",
+             file="unknown_label.toml", why="check (HLO) checks --patterns before it runs")
+    f.expect("check_dump_with_bad_patterns", 2, ["check-dump", "{dir}", "--patterns", "{file}"],
+             "malformed regex", file="lone_star.toml", why="check-dump too")
+    f.save("check-jax, check, check-dump --patterns with hostile bug-pattern files")
+
+
 if __name__ == "__main__":
     cases()
     specs()
     custom_calls()
     options()
     dumps()
+    patterns()
     total = sum(p.read_text().count('[files."') for p in HERE.glob("*/expected.toml"))
     print(f"wrote {total} manifest entries under {HERE}")
