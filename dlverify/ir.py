@@ -29,18 +29,21 @@ class Frame:
 
 @dataclass(frozen=True)
 class SourceLoc:
-    """Source of an op: `frames[0]` is the innermost user frame."""
+    """Source of an op: `frames[0]` is the innermost user frame; `frames[primary]`
+    is the one the op is reported at (a frontend may prefer a caller's frame to
+    a thin helper's, see frontends/jaxpr/frames.py)."""
 
     frames: tuple[Frame, ...] = ()
     op_name: str = ""
+    primary: int = 0
 
     @property
     def file(self) -> str:
-        return self.frames[0].file if self.frames else ""
+        return self.frames[self.primary].file if self.frames else ""
 
     @property
     def line(self) -> int:
-        return self.frames[0].line if self.frames else 0
+        return self.frames[self.primary].line if self.frames else 0
 
 
 @dataclass

@@ -13,6 +13,7 @@ import numpy as np
 
 from dlverify.errors import InputError
 from dlverify.frontends.jaxpr import loops, primitives, scatter, shard_map  # noqa: F401 - register the exporters
+from dlverify.frontends.jaxpr.frames import home_file, prefer_callers
 from dlverify.frontends.jaxpr.shard_map import find_mesh
 from dlverify.frontends.jaxpr.walk import _OWN_FILES, Ctx, _dtype, walk
 from dlverify.ir import Graph, GraphBuilder, IdAllocator, Mesh
@@ -83,7 +84,15 @@ def _trace(fn: Callable, avals: tuple[Any, ...], what: str) -> Any:
 
 def import_jax(seq_fn: Callable, dist_fn: Callable, args: tuple[Any, ...], name: str = "") -> Problem:
     """Trace both programs and build the Problem: graphs, mesh and the input and
-    output relations read from shard_map's in_specs and out_specs."""
+    output relations read from shard_map's in_specs and out_specs. Ops are
+    reported at the frame a developer would look at (frontends/jaxpr/frames.py)."""
+    problem = _import(seq_fn, dist_fn, args, name)
+    prefer_callers(problem.seq, home_file(seq_fn))
+    prefer_callers(problem.dist, home_file(dist_fn))
+    return problem
+
+
+def _import(seq_fn: Callable, dist_fn: Callable, args: tuple[Any, ...], name: str) -> Problem:
     avals = _avals_args(args)
     seq_closed = _trace(seq_fn, avals, "seq_fn")
     dist_closed = _trace(dist_fn, avals, "dist_fn")
