@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Callable
 
+from dlverify.cli_checks import engine_ok, writable_dir
 from dlverify.errors import InputError
 from dlverify.zoo.cache import default_cache_dir
 from dlverify.zoo.items import ItemLimits, entries_of
@@ -34,30 +35,17 @@ class ZooArgs:
     rules_dir: Path | None = None  # --rules: another rule set (a folder with a main.dl)
 
 
-def _writable_dir(path: Path, option: str) -> None:
-    if path.exists() and not path.is_dir():
-        raise InputError(f"{option}: exists and is not a folder", str(path))
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".dlverify-write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise InputError(f"{option}: cannot write here: {e.strerror or e}", str(path)) from None
-
-
 def options_of(args: ZooArgs) -> ZooOptions:
     from dlverify.supervise import check_seconds, parse_memory
 
-    if args.engine not in ("auto", "clingo", "souffle"):
-        raise InputError(f"unknown engine {args.engine!r}: use auto, clingo or souffle")
+    engine_ok(args.engine)
     if not 1 <= args.jobs <= MAX_JOBS:
         raise InputError(f"--jobs {args.jobs}: expected 1..{MAX_JOBS}")
     check_seconds(args.timeout)
     memory = parse_memory(args.max_memory) if args.max_memory is not None else None
     cache_dir = args.cache_dir or default_cache_dir()
-    _writable_dir(cache_dir, "--cache-dir")
-    _writable_dir(args.report_dir, "--report-dir")
+    writable_dir(cache_dir, "--cache-dir")
+    writable_dir(args.report_dir, "--report-dir")
     if args.ray is not None:
         from dlverify.zoo.ray_backend import import_ray
 

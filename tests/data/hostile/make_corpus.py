@@ -531,11 +531,8 @@ def dumps() -> None:
 
 
 def patterns() -> None:
-    f = Folder("patterns")
-    f.write("bug.py", _case_body("@dlverify.case\ndef c():\n    return ok(dist=sm(lambda x: x * 2.0), expect='bug')"))
-    f.write("seq.hlo", TINY_SEQ)
-    f.write("dist.hlo", TINY_DIST)
-    args = ["check-jax", "{dir}/bug.py", "--patterns", "{file}"]
+    f = Folder("patterns")  # over the case and modules of options/ (written before)
+    args = ["check-jax", "{data}/hostile/options/bug.py", "--patterns", "{file}"]
     one = '[[pattern]]\nname = "{name}"\nregex = "{regex}"\nexplanation = "e"\n'
     f.write("good.toml", one.format(name="mul-output", regex="mul&output"))
     f.expect("good", 0, args, "pattern mul-output: e (mul at", file="good.toml",
@@ -570,12 +567,13 @@ def patterns() -> None:
     for name, (content, contains) in bad.items():
         f.write(f"{name}.toml", content)
         f.expect(f"{name}.toml", 2, args, contains)
-    f.expect("patterns_missing", 2, ["check-jax", "{dir}/bug.py", "--patterns", "{dir}/missing.toml"],
-             "--patterns: no such file", file="good.toml")
-    f.expect("patterns_is_directory", 2, ["check-jax", "{dir}/bug.py", "--patterns", "{dir}"],
-             "--patterns: not a file", file="good.toml")
-    f.expect("check_with_bad_patterns", 2, ["check", "{dir}/seq.hlo", "{dir}/dist.hlo", "--patterns",
-                                            "{file}"], "unknown label 'frobnicate'",
+    f.expect("patterns_missing", 2, [*args[:3], "{dir}/missing.toml"], "--patterns: no such file",
+             file="good.toml")
+    f.expect("patterns_is_directory", 2, [*args[:3], "{dir}"], "--patterns: not a file",
+             file="good.toml")
+    f.expect("check_with_bad_patterns", 2, ["check", "{data}/hostile/options/seq.hlo",
+                                            "{data}/hostile/options/dist.hlo", "--patterns", "{file}"],
+             "unknown label 'frobnicate'",
              file="unknown_label.toml", why="check (HLO) checks --patterns before it runs")
     f.expect("check_dump_with_bad_patterns", 2, ["check-dump", "{dir}", "--patterns", "{file}"],
              "malformed regex", file="lone_star.toml", why="check-dump too")
