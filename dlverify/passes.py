@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dlverify.index_ranges import IndexFacts
 from dlverify.ir import Graph, Mesh, Op
 from dlverify.ops import KINDS, Family, NotExecutable, data_operands, evaluate, exact_dtype
 
@@ -95,6 +96,7 @@ def fold(graph: Graph, mesh: Mesh | None) -> Folded:
     ranks = mesh.size if mesh is not None else 1
     res = Folded(ranks)
     small, splat = res.small, res.splat
+    index_facts = IndexFacts(graph, ranks, splat)   # masks decided by index ranges
     for op in graph.ops:
         out = graph.tensors[op.output]
         size = int(np.prod(out.shape)) if out.shape else 1
@@ -160,4 +162,8 @@ def fold(graph: Graph, mesh: Mesh | None) -> Folded:
                 vals.append(v.item())
             if len(vals) == ranks:
                 splat[op.output] = vals
+        if op.output not in splat and out.dtype == "bool":
+            decided = index_facts.known_bool(op.output)
+            if decided is not None:
+                splat[op.output] = decided
     return res

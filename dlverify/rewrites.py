@@ -196,5 +196,7 @@ def rewrite_graph(graph: Graph, ids: IdAllocator) -> bool:
 
 def rewrite(problem: Problem) -> None:
     """Rewrite both graphs of `problem` in place."""
+    from dlverify.masked_gather import rewrite_masked_gathers   # imports this module
+    rewrite_masked_gathers(problem)
     rewrite_graph(problem.seq, problem.ids)
     rewrite_graph(problem.dist, problem.ids)

@@ -119,15 +119,54 @@ def _split(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
 def _gather(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
     """XLA's gather (start indices clamped so every slice fits). mode=clip and
     promise_in_bounds lower to exactly that; fill_or_drop (jnp.take's default)
-    masks out-of-range indices, which this IR op does not express."""
+    is expanded as JAX lowers it (`_gather_fill`): the clamped gather where every
+    start index is in bounds, `fill_value` elsewhere."""
     mode = str(eqn.params.get("mode"))
+    if "FILL_OR_DROP" in mode:
+        return [_gather_fill(ctx, eqn, ins)]
     if "CLIP" not in mode and "PROMISE_IN_BOUNDS" not in mode:
-        raise UnknownOpError(f"gather with {mode}: only mode='clip' (or indexing that promises "
-                             f"in-bounds indices, x[i]) is supported", *_where(eqn))
+        raise UnknownOpError(f"gather with {mode}: only modes clip, fill and promise_in_bounds "
+                             f"are supported", *_where(eqn))
+    return [_gather_clamped(ctx, eqn, ins)]
+
+
+def _gather_fill(ctx: Ctx, eqn: Any, ins: list[int]) -> int:
+    """select_n(all(0 <= idx <= dim - slice_size, index dim), fill, gather): JAX's own
+    lowering of a fill_or_drop gather, op for op (indices are already of an integer
+    type; the bounds are constants of that type)."""
+    dn = eqn.params["dimension_numbers"]
+    shape, dtype = _out(eqn)
+    loc, b = _loc(eqn), ctx.b
+    idx = b.graph.tensors[ins[1]]
+    if eqn.params.get("fill_value") is None:
+        raise UnknownOpError("gather with mode fill_or_drop and no fill value", *_where(eqn))
+    op_shape = b.graph.tensors[ins[0]].shape
+    sizes = [int(s) for s in eqn.params["slice_sizes"]]
+    upper = np.asarray([op_shape[d] - sizes[d] for d in dn.start_index_map], dtype=idx.dtype)
+    last = idx.rank - 1
+    zero = b.op("broadcast_in_dim", [b.constant(np.zeros((), idx.dtype), (), idx.dtype, loc)],
+                idx.shape, idx.dtype, {"broadcast_dimensions": ()}, loc, "gather")
+    bound = b.op("broadcast_in_dim", [b.constant(upper, upper.shape, idx.dtype, loc)], idx.shape,
+                 idx.dtype, {"broadcast_dimensions": (last,)}, loc, "gather")
+    inside = b.op("and", [b.op("ge", [ins[1], zero], idx.shape, "bool", {}, loc, "gather"),
+                          b.op("le", [ins[1], bound], idx.shape, "bool", {}, loc, "gather")],
+                  idx.shape, "bool", {}, loc, "gather")
+    inside = b.op("reduce_and", [inside], idx.shape[:last], "bool", {"axes": (last,)}, loc, "gather")
+    batch_dims = tuple(d for d in range(len(shape)) if d not in set(dn.offset_dims))
+    inside = b.op("broadcast_in_dim", [inside], shape, "bool", {"broadcast_dimensions": batch_dims},
+                  loc, "gather")
+    fill = np.asarray(eqn.params["fill_value"]).astype(dtype)
+    fill = b.op("broadcast_in_dim", [b.constant(fill, (), dtype, loc)], shape, dtype,
+                {"broadcast_dimensions": ()}, loc, "gather")
+    return b.op("select_n", [inside, fill, _gather_clamped(ctx, eqn, ins)], shape, dtype, {}, loc,
+                "gather")
+
+
+def _gather_clamped(ctx: Ctx, eqn: Any, ins: list[int]) -> int:
     dn = eqn.params["dimension_numbers"]
     shape, dtype = _out(eqn)
     idx_rank = len(eqn.invars[1].aval.shape)
-    return [ctx.b.op("gather", ins, shape, dtype, {
+    return ctx.b.op("gather", ins, shape, dtype, {
         "offset_dims": tuple(int(d) for d in dn.offset_dims),
         "collapsed_slice_dims": tuple(int(d) for d in dn.collapsed_slice_dims),
         "start_index_map": tuple(int(d) for d in dn.start_index_map),
@@ -136,7 +175,7 @@ def _gather(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
         "index_vector_dim": idx_rank - 1,
         "slice_sizes": tuple(int(d) for d in eqn.params["slice_sizes"]),
         "indices_are_sorted": bool(eqn.params.get("indices_are_sorted", False))},
-        _loc(eqn), "gather")]
+        _loc(eqn), "gather")
 
 
 @exporter("dot_general")

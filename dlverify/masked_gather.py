@@ -1,0 +1,352 @@
+"""Gathers of rows by index as contractions with a one-hot matrix (an exact rewrite).
+
+Megatron's vocab-parallel embedding looks its ids up in its vocab shard by a
+gather and zeroes the rows of ids another rank owns:
+
+    local = ids - first_r;  outside = (local < 0) | (local >= n)
+    rows  = take(table_r, where(outside, 0, local));  x_r = where(outside, 0, rows)
+
+and the vocab-parallel cross-entropy picks its target logits the same way
+(take_along_axis). Wherever a row is kept, the index is `ids - first_r` and lies
+in [0, n); wherever it is not, the result is zero. So, for every input,
+
+    x_r = onehot(ids - first_r, n) . table_r = (ids == first_r + iota(n)) . table_r
+
+which is the contraction the rules already relate to the sequential
+`onehot(ids, V) . table` (the block [first_r, first_r + n) of its contracted
+dim, a partial sum that the psum completes), and `take(table, i)` with `i`
+proved in [0, V) (dlverify/index_ranges.py) is exactly `onehot(i, V) . table`.
+
+A distributed `select_n(mask, gather(...), 0)` (or through reshapes of size-1
+dims, and through selects whose index is known) is rewritten when the index
+ranges prove: the gather's index equals base + c_r (the same base as the
+mask's predicate) wherever a row is kept, and a row is kept exactly where
+base + c_r lies in [0, n). Then the in-bounds gathers of both graphs are
+rewritten too, so that both sides meet as contractions. Two gather forms: a
+`take` along one dim (no batching dims) and `take_along_axis`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from dlverify.index_ranges import Affine, IndexFacts, Intervals, complement, intersect, shift, subset
+from dlverify.ir import Graph, IdAllocator, Op, Tensor
+from dlverify.passes import fold
+from dlverify.problem import Problem
+from dlverify.rewrites import _drop_newly_dead, _uses
+
+MAX_ONE_HOT = 1 << 28   # elements of a one-hot matrix the rewrite may create
+
+
+@dataclass(frozen=True)
+class RowGather:
+    """A gather of rows of `operand` along dim `dim` (size n) by the integer index
+    `index` (the gather's start indices without their size-1 index-vector dim);
+    `along`: the take_along_axis form (batching over every other operand dim)."""
+
+    op: Op
+    operand: int
+    dim: int
+    along: bool
+
+
+def _row_gather(g: Graph, op: Op) -> RowGather | None:
+    """`op` as a take along one dim or a take_along_axis, else None."""
+    p = op.params
+    operand, idx = op.inputs[:2]
+    o_shape, i_shape = g.tensors[operand].shape, g.tensors[idx].shape
+    if len(op.inputs) != 2 or not i_shape or i_shape[-1] != 1 or p["index_vector_dim"] != len(i_shape) - 1:
+        return None
+    if len(p["collapsed_slice_dims"]) != 1 or tuple(p["start_index_map"]) != tuple(p["collapsed_slice_dims"]):
+        return None
+    dim = p["collapsed_slice_dims"][0]
+    rest = tuple(d for d in range(len(o_shape)) if d != dim)
+    batch_rank = len(i_shape) - 1
+    if not p["operand_batching_dims"]:   # take(x, i, axis=dim)
+        out = tuple(d for d in range(len(o_shape) - 1 + batch_rank) if not dim <= d < dim + batch_rank)
+        if p["start_indices_batching_dims"] or tuple(p["offset_dims"]) != out or \
+                tuple(p["slice_sizes"]) != tuple(1 if d == dim else o_shape[d] for d in range(len(o_shape))):
+            return None
+        return RowGather(op, operand, dim, False)
+    if tuple(p["operand_batching_dims"]) != rest or tuple(p["start_indices_batching_dims"]) != rest or \
+            p["offset_dims"] or tuple(p["slice_sizes"]) != (1,) * len(o_shape) or \
+            batch_rank != len(o_shape) or any(i_shape[d] != o_shape[d] for d in rest):
+        return None
+    return RowGather(op, operand, dim, True)
+
+
+class _Graph:
+    """Op surgery on one graph: new ops are queued before the op being replaced."""
+
+    def __init__(self, g: Graph, ids: IdAllocator, ranks: int, mesh) -> None:
+        self.g, self.ids = g, ids
+        self.facts = IndexFacts(g, ranks, fold(g, mesh).splat)
+        self.producer = {op.output: op for op in g.ops}
+        self.pending: list[Op] = []
+
+    def new(self, kind: str, inputs: list[int], shape: tuple[int, ...], dtype: str, params: dict,
+            like: Op, output: int | None = None) -> int:
+        if output is None:
+            output = self.ids()
+            self.g.tensors[output] = Tensor(output, tuple(shape), dtype, like.name)
+        self.pending.append(Op(self.ids(), kind, list(inputs), output, dict(params), like.loc, like.name))
+        return output
+
+    def shape(self, t: int) -> tuple[int, ...]:
+        return self.g.tensors[t].shape
+
+    def one_hot_contraction(self, rg: RowGather, base: Affine, out_dims: tuple[int, ...],
+                            like: Op, output: int) -> bool:
+        """Queue onehot(base + c_r, n) contracted with the operand, shaped as the gather's
+        output, into `output`. `out_dims`: where base's dims lie in the gather's output."""
+        g, op = self.g, rg.op
+        shape, dtype = self.shape(op.output), g.tensors[op.output].dtype
+        n = self.shape(rg.operand)[rg.dim]
+        idx_t = g.tensors[base.base]
+        if int(np.prod(shape)) // max(1, self.shape(rg.operand)[rg.dim] if not rg.along else 1) * n > MAX_ONE_HOT:
+            return False
+        if any(g.tensors[t].dtype != idx_t.dtype for t, _ in base.terms):
+            return False
+        o_rank = len(self.shape(rg.operand))
+        if rg.along:   # the output is the operand's shape with m picks along dim
+            hot_shape = shape + (n,)
+        else:          # the output is operand[:dim] + batch + operand[dim + 1:]
+            batch = shape[rg.dim:rg.dim + len(shape) - o_rank + 1]
+            hot_shape = batch + (n,)
+            out_dims = tuple(d - rg.dim for d in out_dims)
+            if any(not 0 <= d < len(batch) for d in out_dims):
+                return False
+        ids = self.new("broadcast_in_dim", [base.base], hot_shape, idx_t.dtype,
+                       {"broadcast_dimensions": out_dims}, like)
+        cols = self.new("iota", [], (n,), idx_t.dtype, {"dimension": 0}, like)
+        first = None   # cols - c_r: ids + c_r == j  <=>  ids == j - c_r
+        for t, sign in base.terms:
+            term = t if sign > 0 else self.new("neg", [t], (), idx_t.dtype, {}, like)
+            first = term if first is None else self.new("add", [first, term], (), idx_t.dtype, {}, like)
+        if first is not None:
+            first = self.new("broadcast_in_dim", [first], (n,), idx_t.dtype, {"broadcast_dimensions": ()}, like)
+            cols = self.new("sub", [cols, first], (n,), idx_t.dtype, {}, like)
+        cols = self.new("broadcast_in_dim", [cols], hot_shape, idx_t.dtype,
+                        {"broadcast_dimensions": (len(hot_shape) - 1,)}, like)
+        hot = self.new("eq", [ids, cols], hot_shape, "bool", {}, like)
+        last = len(hot_shape) - 1
+        if rg.along:
+            keep = tuple(d for d in range(o_rank) if d != rg.dim)
+            params = {"lhs_contract": (last,), "rhs_contract": (rg.dim,), "lhs_batch": keep, "rhs_batch": keep}
+            dot_shape = tuple(shape[d] for d in keep) + (shape[rg.dim],)
+            perm = tuple(list(range(rg.dim)) + [o_rank - 1] + list(range(rg.dim, o_rank - 1)))
+        else:
+            params = {"lhs_contract": (last,), "rhs_contract": (rg.dim,), "lhs_batch": (), "rhs_batch": ()}
+            rest = tuple(self.shape(rg.operand)[d] for d in range(o_rank) if d != rg.dim)
+            dot_shape = hot_shape[:-1] + rest
+            b = len(hot_shape) - 1
+            perm = tuple(list(range(b, b + rg.dim)) + list(range(b)) + list(range(b + rg.dim, b + o_rank - 1)))
+        if perm == tuple(range(len(perm))):
+            self.new("dot_general", [hot, rg.operand], dot_shape, dtype, params, like, output=output)
+        else:
+            prod = self.new("dot_general", [hot, rg.operand], dot_shape, dtype, params, like)
+            self.new("transpose", [prod], shape, dtype, {"permutation": perm}, like, output=output)
+        return True
+
+    def index_affine(self, rg: RowGather) -> tuple[Affine, tuple[int, ...]] | None:
+        """The gather's index as base + c_r, and where base's dims lie in the output."""
+        idx = rg.op.inputs[1]
+        aff = self.facts.affine(idx)
+        if aff is None:
+            return None
+        last = len(self.shape(idx)) - 1
+        if last in aff.dims:
+            return None
+        return aff, aff.dims   # the output's dims are the index's dims without the vector dim
+
+    def in_bounds(self, rg: RowGather) -> tuple[Affine, tuple[int, ...]] | None:
+        """The index proved in [0, n) on every rank: its affine form."""
+        got = self.index_affine(rg)
+        vals = self.facts.values(rg.op.inputs[1])
+        n = self.shape(rg.operand)[rg.dim]
+        if got is None or vals is None or not all(subset(v, ((0, n),)) for v in vals):
+            return None
+        return got
+
+    # ------------------------------------------------------------------ masked gathers
+    def _inverse_dims(self, op: Op, dims: tuple[int, ...]) -> tuple[int, ...] | None:
+        """Where dims of a broadcast_in_dim / reshape output come from in its operand."""
+        src, out = self.shape(op.inputs[0]), self.shape(op.output)
+        if op.kind == "broadcast_in_dim":
+            bd = list(op.params["broadcast_dimensions"])
+            if any(d not in bd or src[bd.index(d)] != out[d] for d in dims):
+                return None
+            return tuple(bd.index(d) for d in dims)
+        a = [d for d, n in enumerate(src) if n != 1]
+        b = [d for d, n in enumerate(out) if n != 1]
+        if [src[d] for d in a] != [out[d] for d in b] or any(d not in b for d in dims):
+            return None
+        return tuple(a[b.index(d)] for d in dims)
+
+    def _case_on_kept(self, op: Op, base: int, dims: tuple[int, ...],
+                      kept: tuple[Intervals, ...]) -> int | None:
+        """The case select_n `op` takes at every kept position, on every rank."""
+        picked = self.facts._bool_splat(op.inputs[0])
+        if picked is not None:
+            return 2 if picked[0] else 1 if len(set(picked)) == 1 else None
+        pred = self.facts.predicate(op.inputs[0])
+        vals = self.facts.values(base)
+        if pred is None or vals is None or (pred.base, pred.dims) != (base, dims):
+            return None
+        cases = set()
+        for r, k in enumerate(kept):
+            where = intersect(vals[r], k)
+            if subset(where, pred.sets[r]):
+                cases.add(2)
+            elif intersect(where, pred.sets[r]) == ():
+                cases.add(1)
+            else:
+                return None
+        return cases.pop() if len(cases) == 1 else None
+
+    def _trace(self, t: int, base: int, dims: tuple[int, ...], kept: tuple[Intervals, ...],
+               stop) -> tuple[int, tuple[int, ...]] | None:
+        """Follow t back through size-1 reshapes, broadcasts and selects decided on the
+        kept positions until `stop(t, dims)`; returns that tensor and base's dims in it."""
+        for _ in range(64):
+            if stop(t, dims):
+                return t, dims
+            op = self.producer.get(t)
+            if op is None:
+                return None
+            if op.kind in ("broadcast_in_dim", "reshape"):
+                dims = self._inverse_dims(op, dims)
+                if dims is None:
+                    return None
+                t = op.inputs[0]
+            elif op.kind == "select_n" and len(op.inputs) == 3:
+                case = self._case_on_kept(op, base, dims, kept)
+                if case is None:
+                    return None
+                t = op.inputs[case]
+            else:
+                return None
+        return None
+
+    def masked(self, op: Op) -> RowGather | None:
+        """Rewrite select_n(mask, rows, 0) as described in the module docstring."""
+        if len(op.inputs) != 3:
+            return None
+        splat = self.facts.splat
+        for zero in (1, 2):
+            z = op.inputs[zero]
+            if self.g.tensors[z].dtype in ("bool",) or splat.get(z) is None or \
+                    any(float(v) != 0.0 for v in splat[z]):
+                continue
+            pred = self.facts.predicate(op.inputs[0])
+            vals = self.facts.values(pred.base) if pred is not None else None
+            if pred is None or vals is None:
+                continue
+            # rows are kept where the select takes the other case
+            kept = tuple(s if zero == 1 else complement(s) for s in pred.sets)
+            kept = tuple(intersect(v, k) for v, k in zip(vals, kept))
+            found = self._trace(op.inputs[3 - zero], pred.base, pred.dims, kept,
+                                lambda t, _d: self._gather_at(t) is not None)
+            if found is None:
+                continue
+            rg = self._gather_at(found[0])
+            out_dims = found[1]
+            b = rg.dim if not rg.along else 0
+            idx_dims = tuple(d - b for d in out_dims)
+            idx = rg.op.inputs[1]
+            if any(not 0 <= d < len(self.shape(idx)) - 1 for d in idx_dims):
+                continue
+
+            def is_base(t: int, dims: tuple[int, ...]) -> bool:
+                aff = self.facts.affine(t)
+                return aff is not None and aff.base == pred.base and aff.dims == dims
+            src = self._trace(idx, pred.base, idx_dims, kept, is_base)
+            if src is None:
+                continue
+            aff = self.facts.affine(src[0])
+            n = self.shape(rg.operand)[rg.dim]
+            # kept exactly where base + c_r lies in [0, n)
+            if any(intersect(v, shift(((0, n),), -c)) != k for v, c, k in zip(vals, aff.offset, kept)):
+                continue
+            target = op.output if self.shape(op.output) == self.shape(rg.op.output) else None
+            mark = len(self.pending)
+            fresh = target if target is not None else self._fresh(rg.op.output)
+            if not self.one_hot_contraction(rg, aff, out_dims, op, fresh):
+                del self.pending[mark:]
+                continue
+            if target is None:
+                self.new("reshape", [fresh], self.shape(op.output), self.g.tensors[op.output].dtype,
+                         {}, op, output=op.output)
+            return rg
+        return None
+
+    def _fresh(self, like: int) -> int:
+        t = self.ids()
+        src = self.g.tensors[like]
+        self.g.tensors[t] = Tensor(t, src.shape, src.dtype, src.name)
+        return t
+
+    def _gather_at(self, t: int) -> RowGather | None:
+        op = self.producer.get(t)
+        return _row_gather(self.g, op) if op is not None and op.kind == "gather" else None
+
+
+def _splice(g: Graph, before: dict[int, list[Op]], replaced: set[int]) -> None:
+    """New ops go right before the op they replace (inputs are all earlier)."""
+    uses = _uses(g)
+    unused_before = {t for t in g.tensors if uses[t] == 0}
+    ops = []
+    for op in g.ops:
+        ops.extend(before.get(op.id, []))
+        if op.id not in replaced:
+            ops.append(op)
+    g.ops = ops
+    _drop_newly_dead(g, unused_before)
+
+
+def _rewrite_in_bounds(gs: _Graph, skip: set[int]) -> tuple[dict[int, list[Op]], set[int]]:
+    before: dict[int, list[Op]] = {}
+    replaced: set[int] = set()
+    for op in gs.g.ops:
+        if op.kind != "gather" or op.id in skip:
+            continue
+        rg = _row_gather(gs.g, op)
+        got = gs.in_bounds(rg) if rg is not None else None
+        if got is None:
+            continue
+        aff, dims = got
+        out_dims = tuple(d + (0 if rg.along else rg.dim) for d in dims)
+        gs.pending = []
+        if gs.one_hot_contraction(rg, aff, out_dims, op, op.output):
+            before[op.id] = gs.pending
+            replaced.add(op.id)
+    return before, replaced
+
+
+def rewrite_masked_gathers(problem: Problem) -> bool:
+    """Rewrite the distributed masked gathers, and then the in-bounds gathers of both
+    graphs, as one-hot contractions. Nothing changes unless a masked gather is found."""
+    dist = _Graph(problem.dist, problem.ids, problem.mesh.size, problem.mesh)
+    before: dict[int, list[Op]] = {}
+    replaced: set[int] = set()
+    gathers: set[int] = set()
+    for op in problem.dist.ops:
+        if op.kind != "select_n":
+            continue
+        dist.pending = []
+        rg = dist.masked(op)
+        if rg is not None:
+            before[op.id] = dist.pending
+            replaced.add(op.id)
+            gathers.add(rg.op.id)
+    if not replaced:
+        return False
+    more, more_replaced = _rewrite_in_bounds(dist, gathers)
+    before.update(more)
+    _splice(problem.dist, before, replaced | more_replaced)
+    seq = _Graph(problem.seq, problem.ids, 1, None)
+    before, replaced = _rewrite_in_bounds(seq, set())
+    _splice(problem.seq, before, replaced)
+    return True

@@ -1,0 +1,122 @@
+"""Megatron's vocab-parallel embedding (by masked gather) and cross-entropy.
+
+The embedding table (V, D) and the LM head (D, V) are sharded over the vocab
+dim on 'tp' (TP=2); token ids and labels are replicated. Embedding: each rank
+shifts the ids into its shard (ids - axis_index * V/TP), masks the ids outside
+it, gathers rows of its table slice with the masked ids, zeroes the masked
+rows and a psum adds the ranks' rows. Cross-entropy on vocab-sharded logits:
+the max is a pmax, the sum of exponentials a psum, and the target logit is
+picked by the same masked gather (each rank contributes the labels it holds,
+zeros for the others) and a psum.
+
+Ids and labels are taken modulo V on both sides, so any integer input is a
+valid token.
+
+Buggy twins: the embedding mask drops each shard's first id (an off-by-one
+`<=` for `<`: those tokens get a zero embedding on every rank), and the target
+logit is not psum'd over 'tp' (each rank only knows the target logits of the
+labels in its vocab shard).
+"""
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+import dlverify
+
+TP = 2
+TOKENS, VOCAB, D = 8, 4, 4
+V_LOCAL = VOCAB // TP
+
+
+def _args():
+    return (
+        jax.ShapeDtypeStruct((TOKENS,), jnp.int32),        # ids
+        jax.ShapeDtypeStruct((TOKENS,), jnp.int32),        # labels
+        jax.ShapeDtypeStruct((VOCAB, D), jnp.float32),     # embedding table
+        jax.ShapeDtypeStruct((D, VOCAB), jnp.float32),     # LM head
+    )
+
+
+def _dist(local_fn, out_specs=(P(), P())):
+    mesh = dlverify.host_mesh((TP,), ("tp",))
+    return jax.jit(jax.shard_map(local_fn, mesh=mesh,
+                                 in_specs=(P(), P(), P("tp", None), P(None, "tp")),
+                                 out_specs=out_specs, check_vma=False))
+
+
+def lm_seq(ids, labels, table, head):
+    ids, labels = ids % VOCAB, labels % VOCAB
+    x = jnp.take(table, ids, axis=0)
+    logits = x @ head
+    m = jnp.max(logits, axis=-1, keepdims=True)
+    lse = jnp.log(jnp.sum(jnp.exp(logits - m), axis=-1)) + m[:, 0]
+    target = jnp.take_along_axis(logits, labels[:, None], axis=-1)[:, 0]
+    return x, jnp.mean(lse - target)
+
+
+def _vocab_mask(ids):
+    """Megatron's input mask: the ids outside this rank's vocab shard, and the ids
+    shifted into it (the masked ones set to 0)."""
+    first = jax.lax.axis_index("tp") * V_LOCAL
+    outside = (ids < first) | (ids >= first + V_LOCAL)
+    return outside, jnp.where(outside, 0, ids - first)
+
+
+def _xent_vocab_parallel(x, labels, head, target_psum=True):
+    logits = x @ head                                                 # (T, V/TP)
+    m = jax.lax.pmax(jnp.max(logits, axis=-1, keepdims=True), "tp")
+    lse = jnp.log(jax.lax.psum(jnp.sum(jnp.exp(logits - m), axis=-1), "tp")) + m[:, 0]
+    outside, local = _vocab_mask(labels)
+    picked = jnp.take_along_axis(logits, local[:, None], axis=-1)[:, 0]
+    target = jnp.where(outside, 0.0, picked)
+    if target_psum:
+        target = jax.lax.psum(target, "tp")
+    return jnp.mean(lse - target)
+
+
+def vocab_parallel_local(ids, labels, table, head):
+    ids, labels = ids % VOCAB, labels % VOCAB
+    outside, local = _vocab_mask(ids)
+    rows = jnp.take(table, local, axis=0)                             # this shard's rows
+    x = jax.lax.psum(jnp.where(outside[:, None], 0.0, rows), "tp")    # embedding
+    return x, _xent_vocab_parallel(x, labels, head)
+
+
+@dlverify.case
+def vocab_parallel_embedding_xent():
+    return dlverify.Case(
+        seq=lm_seq, dist=_dist(vocab_parallel_local), args=_args(), expect="verified",
+        description="vocab-parallel embedding by masked gather and vocab-parallel cross-entropy; TP=2")
+
+
+# --------------------------------------------------------------- buggy twins
+
+def vocab_parallel_local_mask_off_by_one(ids, labels, table, head):
+    ids, labels = ids % VOCAB, labels % VOCAB
+    first = jax.lax.axis_index("tp") * V_LOCAL
+    outside = (ids <= first) | (ids >= first + V_LOCAL)  # BUG: drops the shard's first id (must be ids < first)
+    rows = jnp.take(table, jnp.where(outside, 0, ids - first), axis=0)
+    x = jax.lax.psum(jnp.where(outside[:, None], 0.0, rows), "tp")
+    return x, _xent_vocab_parallel(x, labels, head)
+
+
+@dlverify.case
+def vocab_parallel_bug_embedding_mask_off_by_one():
+    return dlverify.Case(
+        seq=lm_seq, dist=_dist(vocab_parallel_local_mask_off_by_one), args=_args(), expect="bug",
+        description="vocab-parallel embedding whose mask drops each shard's first id")
+
+
+def vocab_parallel_local_target_not_reduced(ids, labels, table, head):
+    ids, labels = ids % VOCAB, labels % VOCAB
+    outside, local = _vocab_mask(ids)
+    x = jax.lax.psum(jnp.where(outside[:, None], 0.0, jnp.take(table, local, axis=0)), "tp")
+    loss = _xent_vocab_parallel(x, labels, head, target_psum=False)  # BUG: the target logits must be psum'd over 'tp'
+    return x, loss
+
+
+@dlverify.case
+def vocab_parallel_bug_target_logit_not_reduced():
+    return dlverify.Case(
+        seq=lm_seq, dist=_dist(vocab_parallel_local_target_not_reduced), args=_args(),
+        expect="bug", description="vocab-parallel cross-entropy whose target logit is never psum'd")
