@@ -70,11 +70,26 @@ def test_conjunctions_and_alphabet_from_the_op_table():
     assert "reducing_collective" not in KIND_LABELS["all_gather"]
 
 
+@pytest.mark.parametrize("regex", ["(mul | add)* mul (mul | add) (mul | add)", "mul exp* | tanh",
+                                   "(partial any*) | (scaled scaled*) output"])
+def test_the_bounded_subset_construction_gives_pyformlang_s_minimal_dfa(regex):
+    from pyformlang.regular_expression import Regex
+
+    mine = compile_pattern("x", regex, "e")
+    ref = Regex(regex).to_epsilon_nfa().minimize()  # unbounded: fine on these
+    assert len(mine.transitions) == ref.get_number_transitions()
+    assert len({t.source for t in mine.transitions} | {t.target for t in mine.transitions}) == \
+        len(ref.states)
+
+
 @pytest.mark.parametrize("regex,message", [
     ("partial frobnicate", "unknown label 'frobnicate'"),
     ("(partial", "malformed regex"),
     ("partial*", "matches the empty path"),
     ("", "empty regex"),
+    ("$ | tanh", "matches the empty path"),
+    # 2^k states after determinisation: refused at once, not minutes later
+    ("(mul | add)* mul " + " ".join(["(mul | add)"] * 16), "grows beyond 2000 states"),
 ])
 def test_bad_regexes_are_refused(regex, message):
     with pytest.raises(ValueError, match=message):

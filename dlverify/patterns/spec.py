@@ -28,6 +28,7 @@ NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}$")
 KEYS = {"name", "regex", "explanation", "advice"}
 MAX_REGEX = 2000   # characters: a pattern is a short expression, not a program
 MAX_STATES = 200   # of the minimal DFA
+MAX_SUBSETS = 2000  # DFA states before minimisation: determinising can blow up exponentially
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ def compile_pattern(name: str, regex: str, explanation: str, advice: str = "", f
         raise ValueError(f"pattern {name}: the regex must be one line of at most {MAX_REGEX} "
                          "characters without backslashes")
     try:
-        dfa = Regex(regex).to_epsilon_nfa().minimize()
+        dfa = _determinise(Regex(regex).to_epsilon_nfa(), name).minimize()
     except MisformedRegexError as e:
         raise ValueError(f"pattern {name}: malformed regex: {str(e).split(' Regex:')[0]}") from None
     except RecursionError:
@@ -118,6 +119,40 @@ def compile_pattern(name: str, regex: str, explanation: str, advice: str = "", f
     return Pattern(name, regex, explanation, advice, file, line,
                    tuple(sorted(number[s] for s in dfa.final_states)), tuple(transitions),
                    tuple(letters.items()))
+
+
+def _determinise(enfa, name: str):
+    """The subset construction of an epsilon-NFA, refused beyond MAX_SUBSETS states
+    (pyformlang's own has no bound: `(a|b)* a (a|b) ... (a|b)` takes minutes)."""
+    from pyformlang.finite_automaton import DeterministicFiniteAutomaton, Epsilon, State
+
+    moves: dict = {}
+    for a, sym, b in enfa:
+        if not isinstance(sym, Epsilon):
+            moves.setdefault(a, {}).setdefault(sym, set()).add(b)
+    start = frozenset(enfa.eclose_iterable(enfa.start_states))
+    number = {start: 0}
+    dfa = DeterministicFiniteAutomaton()
+    dfa.add_start_state(State(0))
+    todo = [start]
+    while todo:
+        subset = todo.pop()
+        if subset & enfa.final_states:
+            dfa.add_final_state(State(number[subset]))
+        by_symbol: dict = {}
+        for q in subset:
+            for sym, targets in moves.get(q, {}).items():
+                by_symbol.setdefault(sym, set()).update(targets)
+        for sym, targets in by_symbol.items():
+            nxt = frozenset(enfa.eclose_iterable(targets))
+            if nxt not in number:
+                if len(number) >= MAX_SUBSETS:
+                    raise ValueError(f"pattern {name}: its automaton grows beyond {MAX_SUBSETS} "
+                                     "states: write a simpler regex")
+                number[nxt] = len(number)
+                todo.append(nxt)
+            dfa.add_transition(State(number[subset]), sym, State(number[nxt]))
+    return dfa
 
 
 def _line_of(text: str, needle: str, default: int = 0) -> int:

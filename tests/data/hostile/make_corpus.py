@@ -561,6 +561,8 @@ def patterns() -> None:
         "matches_empty_path": (one.format(name="x", regex="mul*"), "matches the empty path"),
         "backslash": ('[[pattern]]\nname = "x"\nregex = \'mul\\\\*\'\nexplanation = "e"\n', "without backslashes"),
         "huge_regex": (one.format(name="x", regex=" ".join(["mul"] * 700)), "at most 2000 characters"),
+        "exponential_dfa": (one.format(name="x", regex="(mul|add)* mul " + " ".join(["(mul|add)"] * 24)),
+                            "grows beyond 2000 states"),
         "defined_twice": (one.format(name="x", regex="mul") + one.format(name="x", regex="add"), "defined twice"),
         "shadows_shipped": (one.format(name="scaled-output", regex="mul"), "already defined"),
     }
