@@ -24,7 +24,9 @@ from dlverify.ops import KINDS, data_operands
 from dlverify.ops.export import (  # noqa: F401
     REDUCER_CODE,
     Site,
+    LiteralReading,
     prime_exponents,
+    read_literal,
     reshape_groups,
     reshape_map,
     reshape_signature,
@@ -162,24 +164,45 @@ class Exporter:
         return seed
 
     def value_facts(self, seq_fold: Folded, dist_fold: Folded) -> None:
+        # Value_Exp serves scalings by a splat (elementwise.dl): a literal is read as
+        # the rational it rounds only there, so unrelated literals (an epsilon) add
+        # no assumption.
+        scaling = {v for g, fold in ((self.p.seq, seq_fold), (self.p.dist, dist_fold))
+                   for op in g.ops if op.kind in ("mul", "div")
+                   for t in op.inputs for v in fold.splat.get(t, ())}
         for f, vid in list(self.values.ids.items()):
             if not np.isfinite(f):
                 continue
             if float(f).is_integer() and abs(f) < _INT32:
                 self.add(S.VALUE_INT, vid, int(f))
-            if f > 0:
-                e = prime_exponents(Fraction(float(f)))
-                if e is not None and all(abs(x) < 64 for x in e):
-                    self.add(S.VALUE_EXP, vid, *e)
+            reading = read_literal(f) if f > 0 else None
+            if reading is not None and reading.rounded and f not in scaling:
+                reading = None
+            if reading is not None and all(abs(x) < 64 for x in reading.exponents):
+                self.add(S.VALUE_EXP, vid, *reading.exponents)
+                self.note_rounded(f, reading)
         seq_vals = {v for vals in seq_fold.splat.values() for v in vals}
         dist_vals = {v for vals in dist_fold.splat.values() for v in vals}
         for a in dist_vals:
             for b in seq_vals:
                 if a == b or not b or not np.isfinite(a) or not np.isfinite(b):
                     continue
-                e = prime_exponents(Fraction(float(a)) / Fraction(float(b)))
+                ra, rb = read_literal(abs(a)), read_literal(abs(b))
+                if ra is None or rb is None or (a < 0) != (b < 0):
+                    continue
+                e = prime_exponents(ra.value / rb.value)
                 if e is not None and all(abs(x) < 64 for x in e):
                     self.add(S.VALUE_RATIO, self.values(a), self.values(b), *e)
+                    self.note_rounded(a, ra)
+                    self.note_rounded(b, rb)
+
+    def note_rounded(self, f: float, reading: LiteralReading) -> None:
+        """List a literal read as the rational it rounds (ops/export.read_literal)."""
+        if reading.rounded:
+            shown = np.format_float_positional(np.float32(f) if float(np.float32(f)) == f else f)
+            text = f"the literal {shown} is read as {reading.value}, the rational it rounds"
+            if text not in self.p.assumptions:
+                self.p.assumptions.append(text)
 
 
 def export(problem: Problem, seq_fold: Folded, dist_fold: Folded) -> tuple[FactTables, ValueTable]:

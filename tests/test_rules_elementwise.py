@@ -6,7 +6,7 @@ of the rules it exercises as well as a check of what they derive.
 """
 import numpy as np
 import pytest
-from rulekit import Tiny
+from rulekit import Tiny, run_both, view_error
 
 from dlverify.verdict import Partial
 
@@ -428,3 +428,48 @@ def test_integer_division_on_the_distributed_side_is_not_a_scaling():
     hd = t.D.op("div", [xd, _int_const(t.D, 2, (8,))], (8,), "int32")
     out = t.run()            # numeric check: View(xs, hd, scale 1/2) is false for odd x
     assert out.views(xs, hd) == []
+
+
+def test_a_literal_is_read_as_the_rational_it_rounds():
+    # x * (1/3) and x / 3, x * 0.1 and x / 10: equal over the reals when the float32
+    # literal is read as the rational it rounds. That reading is an assumption (it is
+    # listed), not a theorem: the numeric check allows exactly the literal's rounding
+    # (half an ulp of float32, relative) instead of rulekit's 1e-9. 0.34 is no
+    # rounding of a 2,3,5,7-smooth rational and gives no view.
+    t = Tiny()
+    xs, xd = t.input((4, 6), ("x", None))
+    thirds = t.sop("div", [xs, sfull(t, 3.0, (4, 6))], (4, 6))
+    thirdd = t.dop("mul", [xd, dfull(t, 1 / 3, (2, 6))], (2, 6))
+    tenths = t.sop("mul", [xs, sfull(t, 0.1, (4, 6))], (4, 6))
+    tenthd = t.dop("div", [xd, dfull(t, 10.0, (2, 6))], (2, 6))
+    bad = t.dop("mul", [xd, dfull(t, 0.34, (2, 6))], (2, 6))
+    t.output(thirds, thirdd, ("x", None))
+    t.output(tenths, tenthd, ("x", None))
+    out = t.run(check_numerically=False)
+    for seed in (0, 1):
+        run = run_both(out.problem, seed)
+        for v in out.result.views:
+            d = np.abs(run.dist[v.dist][v.rank])
+            assert view_error(run, out.problem, v) <= 2.0 ** -24 * max(1.0, float(d.max())), v
+    for r in range(2):
+        assert vset(out, thirds, thirdd, r) == {((2 * r, 0), None, UNIT)}
+        assert vset(out, tenths, tenthd, r) == {((2 * r, 0), None, UNIT)}
+        assert not vset(out, thirds, bad, r)
+    assert out.result.verified
+    assert any("is read as 1/3" in a for a in out.result.assumptions)
+    assert any("is read as 1/10" in a for a in out.result.assumptions)
+    assert not any("0.34" in a for a in out.result.assumptions)
+
+
+def test_read_literal():
+    from fractions import Fraction
+
+    from dlverify.ops.export import read_literal
+    assert read_literal(float(np.float32(1 / 3))).value == Fraction(1, 3)
+    assert read_literal(float(np.float32(2 / 3))).value == Fraction(2, 3)
+    assert read_literal(float(np.float32(0.001))).value == Fraction(1, 1000)
+    exact = read_literal(0.125)
+    assert exact.value == Fraction(1, 8) and not exact.rounded
+    assert read_literal(1 / 3).rounded
+    for f in (0.34, 1 / 11, 0.0, -0.5, float("inf"), 0.1 + 1e-12):
+        assert read_literal(f) is None, f

@@ -68,6 +68,44 @@ def prime_exponents(x: Fraction) -> tuple[int, int, int, int] | None:
     return tuple(exps)  # type: ignore[return-value]
 
 
+@dataclass(frozen=True)
+class LiteralReading:
+    """A float literal read as the 2,3,5,7-smooth rational `value`; `rounded` when
+    the literal is that rational's rounding to float32 or float64 (`x * (1/3)`,
+    `x * 0.1`), which the report lists as an assumption."""
+
+    value: Fraction
+    exponents: tuple[int, int, int, int]
+    rounded: bool
+
+
+def read_literal(f: float, max_den: int = 1 << 16) -> LiteralReading | None:
+    """`f` exactly, when it is smooth; otherwise the simplest smooth rational q
+    (a convergent of f's continued fraction, denominator <= max_den) whose float32
+    or float64 rounding is f. Over the reals, `x * fl(1/3)` is not `x / 3`: the
+    reading is the assumption that the author meant 1/3, as casts between float
+    widths are read as identities."""
+    if not np.isfinite(f) or f <= 0:
+        return None
+    exact = Fraction(float(f))
+    e = prime_exponents(exact)
+    if e is not None:
+        return LiteralReading(exact, e, False)
+    h0, h1, k0, k1, x = 0, 1, 1, 0, exact
+    while True:   # the convergents h1/k1 of f
+        a = x.numerator // x.denominator
+        h0, h1, k0, k1 = h1, a * h1 + h0, k1, a * k1 + k0
+        if k1 > max_den:
+            return None
+        q = Fraction(h1, k1)
+        if q == exact:
+            return None
+        if float(q) == f or float(np.float32(q.numerator / q.denominator)) == f:
+            e = prime_exponents(q)
+            return LiteralReading(q, e, True) if e is not None else None
+        x = 1 / (x - a)
+
+
 def reshape_groups(src: tuple[int, ...], dst: tuple[int, ...]) -> list[tuple[list[int], list[int]]] | None:
     """Split a reshape into groups of operand dims and output dims with equal
     products, size-1 dims standing alone. None when sizes do not factor."""
