@@ -21,7 +21,7 @@ gather is never selected. `dlverify.passes.fold` records these as splats.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -178,6 +178,14 @@ class IndexFacts:
             return tuple(where[d] for d in dims)
         return None
 
+    def _moved(self, op: Op, inner):
+        """An Affine or Predicate of a broadcast_in_dim / reshape operand, for its output."""
+        if inner is None:
+            return None
+        dims = self._moved_dims(op, inner.dims, self.g.tensors[op.inputs[0]].shape,
+                                self.g.tensors[op.output].shape)
+        return None if dims is None else replace(inner, dims=dims)
+
     # ------------------------------------------------------------------ values
     def values(self, t: int) -> tuple[Intervals, ...] | None:
         """Per rank, a set holding every element of integer tensor t."""
@@ -287,12 +295,7 @@ class IndexFacts:
                     return got
             return me
         if op.kind in ("broadcast_in_dim", "reshape"):
-            inner = self.affine(op.inputs[0])
-            if inner is None:
-                return me
-            dims = self._moved_dims(op, inner.dims, self.g.tensors[op.inputs[0]].shape,
-                                    self.g.tensors[t].shape)
-            return me if dims is None else Affine(inner.base, dims, inner.offset, inner.terms)
+            return self._moved(op, self.affine(op.inputs[0])) or me
         if op.kind == "select_n" and len(op.inputs) == 3:
             picked = self._bool_splat(op.inputs[0])
             if picked is not None and len(set(picked)) == 1:
@@ -337,12 +340,7 @@ class IndexFacts:
             return None if inner is None else \
                 Predicate(inner.base, inner.dims, tuple(complement(s) for s in inner.sets))
         if op.kind in ("broadcast_in_dim", "reshape"):
-            inner = self.predicate(op.inputs[0])
-            if inner is None:
-                return None
-            dims = self._moved_dims(op, inner.dims, self.g.tensors[op.inputs[0]].shape,
-                                    self.g.tensors[t].shape)
-            return None if dims is None else Predicate(inner.base, dims, inner.sets)
+            return self._moved(op, self.predicate(op.inputs[0]))
         if op.kind in ("reduce_and", "reduce_or"):
             inner = self.predicate(op.inputs[0])
             axes = set(op.params["axes"])

@@ -33,6 +33,7 @@ import numpy as np
 
 from dlverify.index_ranges import Affine, IndexFacts, Intervals, complement, intersect, shift, subset
 from dlverify.ir import Graph, IdAllocator, Op, Tensor
+from dlverify.ops.dtypes import exact_dtype
 from dlverify.passes import fold
 from dlverify.problem import Problem
 from dlverify.rewrites import _drop_newly_dead, _uses
@@ -105,8 +106,6 @@ class _Graph:
         shape, dtype = self.shape(op.output), g.tensors[op.output].dtype
         n = self.shape(rg.operand)[rg.dim]
         idx_t = g.tensors[base.base]
-        if int(np.prod(shape)) // max(1, self.shape(rg.operand)[rg.dim] if not rg.along else 1) * n > MAX_ONE_HOT:
-            return False
         if any(g.tensors[t].dtype != idx_t.dtype for t, _ in base.terms):
             return False
         o_rank = len(self.shape(rg.operand))
@@ -118,6 +117,8 @@ class _Graph:
             out_dims = tuple(d - rg.dim for d in out_dims)
             if any(not 0 <= d < len(batch) for d in out_dims):
                 return False
+        if int(np.prod(hot_shape)) > MAX_ONE_HOT:
+            return False
         ids = self.new("broadcast_in_dim", [base.base], hot_shape, idx_t.dtype,
                        {"broadcast_dimensions": out_dims}, like)
         cols = self.new("iota", [], (n,), idx_t.dtype, {"dimension": 0}, like)
@@ -207,16 +208,16 @@ class _Graph:
         return cases.pop() if len(cases) == 1 else None
 
     def _trace(self, t: int, base: int, dims: tuple[int, ...], kept: tuple[Intervals, ...],
-               stop) -> tuple[int, tuple[int, ...]] | None:
-        """Follow t back through size-1 reshapes, broadcasts and selects decided on the
-        kept positions until `stop(t, dims)`; returns that tensor and base's dims in it."""
+               stop, moves: tuple[str, ...]) -> tuple[int, tuple[int, ...]] | None:
+        """Follow t back through `moves` (size-1 reshapes, broadcasts) and selects decided
+        on the kept positions until `stop(t, dims)`; returns that tensor and base's dims in it."""
         for _ in range(64):
             if stop(t, dims):
                 return t, dims
             op = self.producer.get(t)
             if op is None:
                 return None
-            if op.kind in ("broadcast_in_dim", "reshape"):
+            if op.kind in moves:
                 dims = self._inverse_dims(op, dims)
                 if dims is None:
                     return None
@@ -232,8 +233,8 @@ class _Graph:
 
     def masked(self, op: Op) -> RowGather | None:
         """Rewrite select_n(mask, rows, 0) as described in the module docstring."""
-        if len(op.inputs) != 3:
-            return None
+        if len(op.inputs) != 3 or exact_dtype(self.g.tensors[op.output].dtype) is not None:
+            return None   # a float result: the one-hot contraction computes over the reals
         splat = self.facts.splat
         for zero in (1, 2):
             z = op.inputs[zero]
@@ -247,8 +248,10 @@ class _Graph:
             # rows are kept where the select takes the other case
             kept = tuple(s if zero == 1 else complement(s) for s in pred.sets)
             kept = tuple(intersect(v, k) for v, k in zip(vals, kept))
+            # the rows: the gather's output up to size-1 reshapes (then one reshape
+            # rebuilds the select's shape) and selects that keep it on the kept rows
             found = self._trace(op.inputs[3 - zero], pred.base, pred.dims, kept,
-                                lambda t, _d: self._gather_at(t) is not None)
+                                lambda t, _d: self._gather_at(t) is not None, ("reshape",))
             if found is None:
                 continue
             rg = self._gather_at(found[0])
@@ -262,7 +265,7 @@ class _Graph:
             def is_base(t: int, dims: tuple[int, ...]) -> bool:
                 aff = self.facts.affine(t)
                 return aff is not None and aff.base == pred.base and aff.dims == dims
-            src = self._trace(idx, pred.base, idx_dims, kept, is_base)
+            src = self._trace(idx, pred.base, idx_dims, kept, is_base, ("broadcast_in_dim", "reshape"))
             if src is None:
                 continue
             aff = self.facts.affine(src[0])

@@ -62,6 +62,11 @@ def _vocab_mask(ids):
     return outside, jnp.where(outside, 0, ids - first)
 
 
+def _embed(table, outside, local):
+    """This shard's rows of the ids it holds, zero rows for the others, summed over 'tp'."""
+    return jax.lax.psum(jnp.where(outside[:, None], 0.0, jnp.take(table, local, axis=0)), "tp")
+
+
 def _xent_vocab_parallel(x, labels, head, target_psum=True):
     logits = x @ head                                                 # (T, V/TP)
     m = jax.lax.pmax(jnp.max(logits, axis=-1, keepdims=True), "tp")
@@ -76,9 +81,7 @@ def _xent_vocab_parallel(x, labels, head, target_psum=True):
 
 def vocab_parallel_local(ids, labels, table, head):
     ids, labels = ids % VOCAB, labels % VOCAB
-    outside, local = _vocab_mask(ids)
-    rows = jnp.take(table, local, axis=0)                             # this shard's rows
-    x = jax.lax.psum(jnp.where(outside[:, None], 0.0, rows), "tp")    # embedding
+    x = _embed(table, *_vocab_mask(ids))
     return x, _xent_vocab_parallel(x, labels, head)
 
 
@@ -95,8 +98,7 @@ def vocab_parallel_local_mask_off_by_one(ids, labels, table, head):
     ids, labels = ids % VOCAB, labels % VOCAB
     first = jax.lax.axis_index("tp") * V_LOCAL
     outside = (ids <= first) | (ids >= first + V_LOCAL)  # BUG: drops the shard's first id (must be ids < first)
-    rows = jnp.take(table, jnp.where(outside, 0, ids - first), axis=0)
-    x = jax.lax.psum(jnp.where(outside[:, None], 0.0, rows), "tp")
+    x = _embed(table, outside, jnp.where(outside, 0, ids - first))
     return x, _xent_vocab_parallel(x, labels, head)
 
 
@@ -109,8 +111,7 @@ def vocab_parallel_bug_embedding_mask_off_by_one():
 
 def vocab_parallel_local_target_not_reduced(ids, labels, table, head):
     ids, labels = ids % VOCAB, labels % VOCAB
-    outside, local = _vocab_mask(ids)
-    x = jax.lax.psum(jnp.where(outside[:, None], 0.0, jnp.take(table, local, axis=0)), "tp")
+    x = _embed(table, *_vocab_mask(ids))
     loss = _xent_vocab_parallel(x, labels, head, target_psum=False)  # BUG: the target logits must be psum'd over 'tp'
     return x, loss
 

@@ -29,14 +29,18 @@ def test_a_scaled_case_keeps_its_scale_through_the_mask():
     assert {(v.offsets, v.scale) for v in out.views(sel_s, sel_d, 0)} == {((0, 0), (1, 0, 0, 0))}
 
 
+def _partial_product(t: Tiny) -> tuple[int, int]:
+    """x @ w contracted over a sharded dim: a partial sum on each rank."""
+    xs, xd = t.input((4, 6), (None, "x"))
+    ws, wd = t.input((6, 5), ("x", None))
+    return t.sop("dot_general", [xs, ws], (4, 5), **DOT), t.dop("dot_general", [xd, wd], (4, 5), **DOT)
+
+
 def test_partial_terms_pass_through_the_mask_and_a_psum_completes_them():
     for zero_first in (True, False):
         t = Tiny()
         ms, md = _mask(t, (4, 5))
-        xs, xd = t.input((4, 6), (None, "x"))
-        ws, wd = t.input((6, 5), ("x", None))
-        ys = t.sop("dot_general", [xs, ws], (4, 5), **DOT)
-        yd = t.dop("dot_general", [xd, wd], (4, 5), **DOT)
+        ys, yd = _partial_product(t)
         zs, zd = t.sconst(0.0, (4, 5)), t.dconst(0.0, (4, 5))
         sel_s = t.sop("select_n", [ms, zs, ys] if zero_first else [ms, ys, zs], (4, 5))
         sel_d = t.dop("select_n", [md, zd, yd] if zero_first else [md, yd, zd], (4, 5))
@@ -50,10 +54,7 @@ def test_a_nonzero_case_does_not_pass_partial_terms():
     # select(m, 1, y_r) summed over 2 ranks gives 2 where m is false: not select(m, 1, y)
     t = Tiny()
     ms, md = _mask(t, (4, 5))
-    xs, xd = t.input((4, 6), (None, "x"))
-    ws, wd = t.input((6, 5), ("x", None))
-    ys = t.sop("dot_general", [xs, ws], (4, 5), **DOT)
-    yd = t.dop("dot_general", [xd, wd], (4, 5), **DOT)
+    ys, yd = _partial_product(t)
     sel_s = t.sop("select_n", [ms, t.sconst(1.0, (4, 5)), ys], (4, 5))
     sel_d = t.dop("select_n", [md, t.dconst(1.0, (4, 5)), yd], (4, 5))
     rd = t.dop("all_reduce", [sel_d], (4, 5), reducer="sum", groups=[[0, 1]])

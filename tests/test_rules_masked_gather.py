@@ -204,3 +204,32 @@ def test_an_index_that_may_wrap_around_is_not_affine():
     assert facts.affine(sub.output).base == sub.output
     _check_rewrite_exact(problem, _seq, _dist(raw))
     assert not verify_problem(import_jax(_seq, _dist(raw), _args(), "raw"), engine="clingo").verified
+
+
+def test_gathers_along_a_later_dim_rewrite_exactly_and_verify():
+    # the table transposed (D, V) and the logits (V, T): the vocab dim is not the first
+    # of the take, and is the first of the take_along_axis; the one-hot contraction
+    # is transposed back to the gather's layout
+    def args():
+        return (jax.ShapeDtypeStruct((TOKENS,), jnp.int32), jax.ShapeDtypeStruct((D, VOCAB), jnp.float32),
+                jax.ShapeDtypeStruct((VOCAB, TOKENS), jnp.float32))
+
+    def seq(ids, table_t, logits_t):
+        ids = ids % VOCAB
+        return jnp.take(table_t, ids, axis=1), jnp.take_along_axis(logits_t, ids[None, :], axis=0)[0]
+
+    def local_fn(ids, table_t, logits_t):
+        ids = ids % VOCAB
+        first = jax.lax.axis_index("tp") * V_LOCAL
+        outside = (ids < first) | (ids >= first + V_LOCAL)
+        local = jnp.where(outside, 0, ids - first)
+        rows = jnp.where(outside[None, :], 0.0, jnp.take(table_t, local, axis=1))
+        picked = jnp.take_along_axis(logits_t, local[None, :], axis=0)[0]
+        return jax.lax.psum(rows, "tp"), jax.lax.psum(jnp.where(outside, 0.0, picked), "tp")
+
+    mesh = dlverify.host_mesh((TP,), ("tp",))
+    dist = jax.jit(jax.shard_map(local_fn, mesh=mesh, in_specs=(P(), P(None, "tp"), P("tp", None)),
+                                 out_specs=(P(), P()), check_vma=False))
+    _check_rewrite_exact(import_jax(seq, dist, args(), "later_dim"), seq, dist)
+    res = verify_problem(import_jax(seq, dist, args(), "later_dim"), engine="clingo")
+    assert res.verified, [f.message for f in res.failures]
