@@ -111,6 +111,19 @@ def test_bad_files_name_the_file_and_line(tmp_path):
     f.write_text('[[pattern]]\nname = "x"\nregex = "mul"\n')
     with pytest.raises(InputError, match="missing key 'explanation'"):
         load_patterns(f)
+    two = '[[pattern]]\nname = "a"\nregex = "mul"\nexplanation = "e"\n\n'
+    f.write_text(two + two.replace('"a"', '"b"').replace("regex", "severity = 1\nregex"))
+    with pytest.raises(InputError) as e:
+        load_patterns(f)
+    assert e.value.line == 8 and "pattern 2: unknown key 'severity'" in str(e.value)
+    f.write_text(two + two.replace('"mul"', '"(mul"'))
+    with pytest.raises(InputError) as e:
+        load_patterns(f)
+    assert e.value.line == 8 and "malformed regex" in str(e.value)
+    f.write_text(two + two)
+    with pytest.raises(InputError) as e:
+        load_patterns(f)
+    assert e.value.line == 7 and "pattern a is defined twice" in str(e.value)
 
 
 def test_generated_pattern_schema_is_fresh():

@@ -155,16 +155,34 @@ def _determinise(enfa, name: str):
     return dfa
 
 
-def _line_of(text: str, needle: str, default: int = 0) -> int:
-    for i, line in enumerate(text.splitlines(), start=1):
-        if needle in line:
-            return i
-    return default
+class _Lines:
+    """Where each `[[pattern]]` table and its keys stand in the file, for error lines."""
+
+    HEADER = re.compile(r"\s*\[\[\s*pattern\s*\]\]")
+
+    def __init__(self, text: str) -> None:
+        self.lines = text.splitlines()
+        self.starts = [i for i, line in enumerate(self.lines) if self.HEADER.match(line)]
+
+    def table(self, index: int) -> int:
+        """The line (1-based) of table `index`'s header; 0 when not written as one."""
+        return self.starts[index] + 1 if index < len(self.starts) else 0
+
+    def key(self, index: int, key: str) -> int:
+        """The line of `key = ...` inside table `index` (else its header's line)."""
+        if index >= len(self.starts):
+            return 0
+        end = self.starts[index + 1] if index + 1 < len(self.starts) else len(self.lines)
+        pattern = re.compile(rf"\s*{re.escape(key)}\s*=")
+        found = [i for i in range(self.starts[index], end) if pattern.match(self.lines[i])]
+        return found[0] + 1 if found else self.table(index)
+
+    def top_level(self, key: str) -> int:
+        pattern = re.compile(rf"\s*\[*\s*{re.escape(key)}\b")
+        return next((i + 1 for i, line in enumerate(self.lines) if pattern.match(line)), 0)
 
 
-def load_patterns(path: Path) -> list[Pattern]:
-    """The patterns of one TOML file; InputError naming the file (and line) otherwise."""
-    path = Path(path)
+def _read_toml(path: Path) -> tuple[str, dict]:
     where = str(path)
     if not path.is_file():
         raise InputError("--patterns: " + ("not a file" if path.exists() else "no such file"), where)
@@ -175,41 +193,49 @@ def load_patterns(path: Path) -> list[Pattern]:
         raise InputError(f"--patterns: not UTF-8 text (byte {e.start})", where,
                          data[: e.start].count(b"\n") + 1) from None
     try:
-        doc = tomllib.loads(text)
+        return text, tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         m = re.search(r"at line (\d+)", str(e))
         raise InputError(f"--patterns: not valid TOML: {str(e).split(' (at')[0]}", where,
                          int(m.group(1)) if m else 0) from None
     except RecursionError:
         raise InputError("--patterns: nested too deeply", where) from None
+
+
+def load_patterns(path: Path) -> list[Pattern]:
+    """The patterns of one TOML file; InputError naming the file (and line) otherwise."""
+    path = Path(path)
+    where = str(path)
+    text, doc = _read_toml(path)
+    at = _Lines(text)
     extra = set(doc) - {"pattern"}
     if extra:
         raise InputError(f"--patterns: unknown table or key {min(extra)!r} (expected "
-                         "[[pattern]] tables)", where, _line_of(text, min(extra)))
+                         "[[pattern]] tables)", where, at.top_level(min(extra)))
     tables = doc.get("pattern", [])
     if not isinstance(tables, list) or not tables or not all(isinstance(t, dict) for t in tables):
         raise InputError("--patterns: expected one or more [[pattern]] tables", where)
     out: list[Pattern] = []
     for i, t in enumerate(tables):
-        line = _line_of(text, f"{t.get('name')}", 0) if isinstance(t.get("name"), str) else 0
         unknown = set(t) - KEYS
         missing = {"name", "regex", "explanation"} - set(t)
         if unknown or missing:
-            what = (f"unknown key {min(unknown)!r}" if unknown
-                    else f"missing key {min(missing)!r}")
+            what = f"unknown key {min(unknown)!r}" if unknown else f"missing key {min(missing)!r}"
             raise InputError(f"--patterns: pattern {i + 1}: {what} (keys: name, regex, "
                              "explanation, advice)", where,
-                             _line_of(text, min(unknown), line) if unknown else line)
-        bad = [k for k in t if not isinstance(t[k], str)]
+                             at.key(i, min(unknown)) if unknown else at.table(i))
+        bad = sorted(k for k in t if not isinstance(t[k], str))
         if bad:
-            raise InputError(f"--patterns: pattern {i + 1}: {bad[0]} must be a string", where, line)
+            raise InputError(f"--patterns: pattern {i + 1}: {bad[0]} must be a string", where,
+                             at.key(i, bad[0]))
         try:
             p = compile_pattern(t["name"], t["regex"], t["explanation"], t.get("advice", ""),
-                                where, _line_of(text, t["regex"], line))
+                                where, at.key(i, "regex"))
         except ValueError as e:
-            raise InputError(f"--patterns: {e}", where, _line_of(text, t["regex"], line)) from None
+            key = "name" if str(e).startswith("pattern name") else "regex"
+            raise InputError(f"--patterns: {e}", where, at.key(i, key)) from None
         if any(q.name == p.name for q in out):
-            raise InputError(f"--patterns: pattern {p.name} is defined twice", where, line)
+            raise InputError(f"--patterns: pattern {p.name} is defined twice", where, at.key(i, "name"))
         out.append(p)
     return out
 
