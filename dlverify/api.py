@@ -10,7 +10,7 @@ from dlverify import schema as S
 from dlverify.diagnosis import Judge
 from dlverify.engine import EngineName, run_program
 from dlverify.engine.facts_io import write_facts_dir
-from dlverify.errors import InputError
+from dlverify.errors import EngineError, InputError
 from dlverify.facts import export
 from dlverify.passes import fold, share_nullary
 from dlverify.problem import Problem
@@ -118,8 +118,12 @@ def verify_problem(problem: Problem, engine: EngineName = "auto",
     if not verified:   # explanations only: the verdict is settled
         from dlverify.patterns import explain_failure, load_pattern_set
         phase("patterns")
-        matches = explain_failure(problem, judge.views, judge.output_ok,
-                                  load_pattern_set() if patterns is None else patterns, engine, timings)
+        try:
+            matches = explain_failure(problem, judge.views, judge.output_ok,
+                                      load_pattern_set() if patterns is None else patterns, engine,
+                                      timings)
+        except EngineError as e:   # a diagnosis that fails leaves the verdict as it is
+            notes.append(f"bug patterns not evaluated: {e}")
     return Result(
         name=problem.name, verified=verified, outputs=outputs, failures=failures,
         assumptions=list(problem.assumptions) + judge.inferred, notes=notes, timings=timings,

@@ -166,6 +166,19 @@ def test_no_match_once_the_reduction_is_in_between():
     assert run_patterns([NO_REDUCTION], out.problem, out.result.views, out.problem.dist.ops) == []
 
 
+def test_a_failing_pattern_engine_leaves_the_verdict_and_says_so(monkeypatch):
+    import dlverify.patterns.query as query
+    from dlverify.errors import EngineError
+
+    def broken(*args, **kw):
+        raise EngineError("the engine broke")
+
+    monkeypatch.setattr(query, "run_program", broken)
+    out = _partial_then_tanh(reduce=False)
+    assert not out.result.verified and out.result.failures and out.result.patterns == []
+    assert any("bug patterns not evaluated: the engine broke" in n for n in out.result.notes)
+
+
 def _chain_facts(labels: dict[int, set[str]], edges: list[tuple[int, int]]):
     return {S.PATGRAPH_OP: [(o,) for o in labels], S.PATGRAPH_EDGE: edges,
             S.PATGRAPH_LABEL: [(o, lab) for o, ls in labels.items() for lab in sorted(ls | {"any"})]}
