@@ -223,26 +223,38 @@ EXPORTERS["pmin"] = _reducer_collective("min")
 
 @exporter("all_gather")
 def _all_gather(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
+    """tiled=False stacks the members' blocks along a new dim k: the tiled gather along
+    k, its dim k then split into (members, block size), the same elements in the same
+    order (a rank-0 block is given a size-1 dim to gather along)."""
     groups = ctx.groups(eqn, eqn.params["axis_name"], eqn.params.get("axis_index_groups"))
     shape, dtype = _out(eqn)
-    kind = "all_gather"
-    if not eqn.params["tiled"]:
-        raise UnknownOpError("all_gather with tiled=False is not supported: use tiled=True",
-                             *_where(eqn))
-    return [ctx.b.op(kind, ins, shape, dtype, {"dimension": int(eqn.params["all_gather_dimension"]),
-                                                "groups": groups}, _loc(eqn), "all_gather")]
+    k = int(eqn.params["all_gather_dimension"])
+    if eqn.params["tiled"]:
+        return [ctx.b.op("all_gather", ins, shape, dtype, {"dimension": k, "groups": groups},
+                         _loc(eqn), "all_gather")]
+    x, block = ins[0], ctx.b.graph.tensors[ins[0]].shape
+    if not block:
+        x, block = ctx.b.op("reshape", [x], (1,), dtype, {}, _loc(eqn), "all_gather"), (1,)
+    tiled = block[:k] + (shape[k] * block[k],) + block[k + 1:]
+    x = ctx.b.op("all_gather", [x], tiled, dtype, {"dimension": k, "groups": groups}, _loc(eqn),
+                 "all_gather")
+    return [ctx.b.op("reshape", [x], shape, dtype, {}, _loc(eqn), "all_gather")]
 
 
 @exporter("reduce_scatter")
 def _reduce_scatter(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
+    """tiled=False scatters a dim of the group's size and drops it: the tiled
+    reduce-scatter (each member keeps a size-1 slice) reshaped without that dim."""
     groups = ctx.groups(eqn, eqn.params["axis_name"], eqn.params.get("axis_index_groups"))
-    if not eqn.params["tiled"]:
-        raise UnknownOpError("psum_scatter with tiled=False is not supported: use tiled=True",
-                             *_where(eqn))
     shape, dtype = _out(eqn)
-    return [ctx.b.op("reduce_scatter", ins, shape, dtype,
-                     {"dimension": int(eqn.params["scatter_dimension"]), "reducer": "sum",
-                      "groups": groups}, _loc(eqn), "psum_scatter")]
+    k = int(eqn.params["scatter_dimension"])
+    tiled = bool(eqn.params["tiled"])
+    scattered = shape if tiled else shape[:k] + (1,) + shape[k:]
+    out = ctx.b.op("reduce_scatter", ins, scattered, dtype,
+                   {"dimension": k, "reducer": "sum", "groups": groups}, _loc(eqn), "psum_scatter")
+    if not tiled:
+        out = ctx.b.op("reshape", [out], shape, dtype, {}, _loc(eqn), "psum_scatter")
+    return [out]
 
 
 @exporter("all_to_all")
