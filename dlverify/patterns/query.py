@@ -1,7 +1,7 @@
-"""Evaluate bug patterns on a verified pair: export the searched region of the
-distributed graph and each pattern's DFA as facts, run datalog/patterns.dl (the
-product of the automata with the graph), and pair the accepting paths it derives
-into matches (pattern, start op, end op).
+"""Evaluate bug patterns on a program pair after its verification: export the
+searched region of the distributed graph and each pattern's DFA as facts, run
+datalog/patterns.dl (the product of the automata with the graph), and pair the
+accepting paths it derives into matches (pattern, start op, end op).
 
 The region is the ancestors of the failing outputs: a bug on no path to a failing
 output explains nothing. The Datalog program carries no start op along a path
