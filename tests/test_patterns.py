@@ -70,7 +70,7 @@ def test_conjunctions_and_alphabet_from_the_op_table():
     assert [(t.label, t.negated) for t in tests["partial&!output"]] == [("partial", False),
                                                                         ("output", True)]
     assert {"exp", "all_reduce", "collective", "nonlinear", "reduction", "elementwise_linear",
-            "reducing_collective", "data_movement", "output", "any"} <= ALPHABET
+            "reducing_collective", "data_movement", "output", "output_scaled", "any"} <= ALPHABET
     assert set(VIEW_LABELS) <= ALPHABET
     assert "elementwise_nonlinear" in KIND_LABELS["tanh"] and "linear" in KIND_LABELS["add"]
     assert "reducing_collective" not in KIND_LABELS["all_gather"]

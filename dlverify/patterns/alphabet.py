@@ -55,6 +55,8 @@ VIEW_LABELS = {
 }
 GRAPH_LABELS = {
     "output": "the op produces an output of the distributed program",
+    "output_scaled": "the op produces an output that holds only scaled copies (a factor other "
+                     "than 1) of the sequential output it must equal, on some rank",
     "any": "every op",
 }
 ALPHABET: frozenset[str] = frozenset(set().union(*KIND_LABELS.values()) | set(VIEW_LABELS)
@@ -87,19 +89,29 @@ def rank_view_class(views: list[ViewFact], problem: Problem) -> str:
     return "sharded"
 
 
+def _only_scaled(views: list[ViewFact]) -> bool:
+    whole = [v for v in views if v.partial is None]
+    return bool(whole) and all(v.scale != UNIT_SCALE for v in whole)
+
+
 def op_labels(problem: Problem, views: list[ViewFact], ops: list[Op]) -> list[LabelledOp]:
     """The labels of `ops` (distributed): static ones, `output`, and the view classes
     their outputs have on some rank."""
     by_tensor: dict[tuple[int, int], list[ViewFact]] = defaultdict(list)
     for v in views:
         by_tensor[(v.dist, v.rank)].append(v)
-    outputs = set(problem.dist.outputs)
+    paired: dict[int, set[int]] = defaultdict(set)   # distributed output -> its sequential ones
+    for s, d in zip(problem.seq.outputs, problem.dist.outputs):
+        paired[d].add(s)
     ranks = range(problem.mesh.size)
     out = []
     for op in ops:
         labels = set(KIND_LABELS.get(op.kind, {"any", op.kind}))
-        if op.output in outputs:
+        if op.output in paired:
             labels.add("output")
+            if any(_only_scaled([v for v in by_tensor.get((op.output, r), []) if v.seq in
+                                 paired[op.output]]) for r in ranks):
+                labels.add("output_scaled")
         classes = {rank_view_class(by_tensor.get((op.output, r), []), problem) for r in ranks}
         labels |= classes
         if any(not by_tensor.get((op.output, r)) and op.inputs
