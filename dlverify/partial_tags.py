@@ -20,6 +20,8 @@ complete it. The families (datalog/partials.dl, datalog/update.dl):
 - ACC_BASE + a: a tree of sequential adds (mirrored on the distributed side) whose
   leaves are reductions along their axis a with equally many terms, `op` its first
   leaf; F(k) is the sum over the leaves of their terms k;
+- CAT_BASE + a: `op` is a sequential concatenate whose operands are reductions along
+  their axis a with equally many terms; F(k) is the concatenation of their terms k;
 - GROUP_BASE + (g0 * RADIX + t) * RADIX + m: `op` is a distributed collective and
   its groups g0, g0 + t, ..., g0 + (m-1) t a class whose members' operands, visited
   as slots (member q of the j-th group is slot q * m + j), tile the range of one
@@ -41,6 +43,7 @@ ADD_BASE = S.TAG_ADD_BASE
 MASK_BASE = S.TAG_MASK_BASE
 WINDOW_BASE = S.TAG_WINDOW_BASE
 ACC_BASE = S.TAG_ACC_BASE
+CAT_BASE = S.TAG_CAT_BASE
 GROUP_BASE = S.TAG_GROUP_BASE
 GROUP_RADIX = S.TAG_GROUP_RADIX
 TRANS_BASE = S.TAG_TRANS_BASE
@@ -63,6 +66,8 @@ def full_size(seq: Graph, op_id: int, axis: int) -> int:
         return full_size(seq, op_id, axis % PAIR)
     if is_group_axis(axis):
         return group_class(axis).count
+    if axis >= CAT_BASE:   # a concatenation of reductions: its first operand's size
+        return full_size(seq, _producer(seq, _op(seq, op_id).inputs[0]).id, axis - CAT_BASE)
     if axis >= ACC_BASE:   # an add tree named by its first leaf: the leaf's size
         return full_size(seq, op_id, axis - ACC_BASE)
     op = _op(seq, op_id)

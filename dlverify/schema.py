@@ -328,6 +328,8 @@ REDUCER_SUM_CONST = REDUCER_CONSTANTS[REDUCER_SUM]
 TAG_FLAT_BASE, TAG_ADD_BASE, TAG_MASK_BASE, TAG_WINDOW_BASE, TAG_PAIR = 1000, 2000, 3000, 4000, 32
 # TAG_ACC_BASE + a: a tree of adds on both sides whose leaves reduce axis a (partials.dl).
 TAG_ACC_BASE = 5000
+# TAG_CAT_BASE + a: a concatenation of reductions along their axis a (concat_terms.dl).
+TAG_CAT_BASE = 6000
 # Above TAG_GROUP_BASE: a class of groups of a collective (the tag's op): GROUP_BASE +
 # (first * RADIX + stride) * RADIX + count (dlverify/partial_tags.py).
 TAG_GROUP_BASE, TAG_GROUP_RADIX = 100000, 512
@@ -346,6 +348,8 @@ TAG_CONSTANTS = (
     _const("Tag_Pair", "m:number", TAG_PAIR, "Axes encoded in pairs in a tag axis are below m."),
     _const("Tag_AccBase", "base:number", TAG_ACC_BASE,
            "Tag axis base: a tree of adds whose leaves are reductions along one axis."),
+    _const("Tag_CatBase", "base:number", TAG_CAT_BASE,
+           "Tag axis base: a concatenation of reductions along one axis with equally many terms."),
     _const("Tag_GroupBase", "base:number", TAG_GROUP_BASE,
            "Tag axis base: the sums over a class of groups of a collective."),
     _const("Tag_GroupRadix", "k:number", TAG_GROUP_RADIX,

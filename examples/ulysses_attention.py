@@ -1,12 +1,15 @@
 """DeepSpeed-Ulysses sequence parallelism for causal self-attention.
 
-The sequence is sharded over 'sp' (SP=2). Each rank projects its tokens to
-q, k, v (S/SP, H, Dh), an all_to_all(split_axis=1, concat_axis=0) trades the
+The sequence is sharded over 'sp' (SP=2). Each rank projects its tokens with
+the fused w_qkv to q, k, v (S/SP, H, Dh), an all_to_all(split_axis=1, concat_axis=0) trades the
 sequence shards for head groups (S, H/SP, Dh), every rank runs causal
 attention over the whole sequence for its heads, and the inverse
 all_to_all(split_axis=0, concat_axis=1) trades them back (S/SP, H, Dh) before
 the output projection. Also the training form: the gradient of the mean loss
-with respect to the replicated projections, psum'd over 'sp' and divided by SP.
+with respect to the replicated projections, psum'd over 'sp' and divided by SP
+(the fused weight's gradient is the concatenation of three token sums,
+datalog/concat_terms.dl; the causal mask's backward passes the cotangent's
+scale, datalog/masked.dl).
 
 Buggy twins: the return all_to_all concatenates along head_dim instead of the
 heads (the shapes still fit once the heads are flattened), and the Ulysses
@@ -28,9 +31,7 @@ def _args():
     f32 = jnp.float32
     return (
         jax.ShapeDtypeStruct((SEQ, D), f32),      # x
-        jax.ShapeDtypeStruct((D, D), f32),        # w_q
-        jax.ShapeDtypeStruct((D, D), f32),        # w_k
-        jax.ShapeDtypeStruct((D, D), f32),        # w_v
+        jax.ShapeDtypeStruct((D, 3 * D), f32),    # w_qkv (fused)
         jax.ShapeDtypeStruct((D, D), f32),        # w_o
     )
 
@@ -40,13 +41,13 @@ def _mesh():
 
 
 def _forward_dist(local_fn):
-    return jax.jit(jax.shard_map(local_fn, mesh=_mesh(), in_specs=(P("sp"), P(), P(), P(), P()),
+    return jax.jit(jax.shard_map(local_fn, mesh=_mesh(), in_specs=(P("sp"), P(), P()),
                                  out_specs=P("sp"), check_vma=False))
 
 
 def _grad_dist(local_fn):
-    return jax.jit(jax.shard_map(local_fn, mesh=_mesh(), in_specs=(P("sp"), P(), P(), P(), P()),
-                                 out_specs=(P(), P(), P(), P()), check_vma=False))
+    return jax.jit(jax.shard_map(local_fn, mesh=_mesh(), in_specs=(P("sp"), P(), P()),
+                                 out_specs=(P(), P()), check_vma=False))
 
 
 def causal_attention(q, k, v):
@@ -57,12 +58,12 @@ def causal_attention(q, k, v):
     return jnp.einsum("hqk,khd->qhd", jax.nn.softmax(s, axis=-1), v)
 
 
-def _qkv(x, wq, wk, wv):
-    return ((x @ w).reshape(x.shape[0], HEADS, HEAD_DIM) for w in (wq, wk, wv))
+def _qkv(x, w_qkv):
+    return (t.reshape(x.shape[0], HEADS, HEAD_DIM) for t in jnp.split(x @ w_qkv, 3, axis=-1))
 
 
-def attention_seq(x, wq, wk, wv, wo):
-    q, k, v = _qkv(x, wq, wk, wv)
+def attention_seq(x, w_qkv, wo):
+    q, k, v = _qkv(x, w_qkv)
     return causal_attention(q, k, v).reshape(SEQ, D) @ wo
 
 
@@ -70,8 +71,8 @@ def _to_heads(t):   # (S/SP, H, Dh) -> (S, H/SP, Dh)
     return jax.lax.all_to_all(t, "sp", split_axis=1, concat_axis=0, tiled=True)
 
 
-def ulysses_local(x, wq, wk, wv, wo):
-    q, k, v = (_to_heads(t) for t in _qkv(x, wq, wk, wv))
+def ulysses_local(x, w_qkv, wo):
+    q, k, v = (_to_heads(t) for t in _qkv(x, w_qkv))
     o = causal_attention(q, k, v)                                             # (S, H/SP, Dh)
     o = jax.lax.all_to_all(o, "sp", split_axis=0, concat_axis=1, tiled=True)  # (S/SP, H, Dh)
     return o.reshape(SEQ // SP, D) @ wo
@@ -84,8 +85,8 @@ def ulysses_causal_attention():
         description="Ulysses causal attention: all_to_all seq -> heads, attention, heads -> seq; SP=2")
 
 
-def ulysses_local_back_concat_head_dim(x, wq, wk, wv, wo):
-    q, k, v = (_to_heads(t) for t in _qkv(x, wq, wk, wv))
+def ulysses_local_back_concat_head_dim(x, w_qkv, wo):
+    q, k, v = (_to_heads(t) for t in _qkv(x, w_qkv))
     o = causal_attention(q, k, v)
     o = jax.lax.all_to_all(o, "sp", split_axis=0, concat_axis=2, tiled=True)  # BUG: concatenates head_dim, not the heads (axis 1)
     return o.reshape(SEQ // SP, D) @ wo
@@ -101,23 +102,23 @@ def ulysses_bug_back_all_to_all_wrong_concat_axis():
 
 # --------------------------------------------------------------- training: gradients of the projections
 
-WEIGHTS = (1, 2, 3, 4)   # argnums of wq, wk, wv, wo
+WEIGHTS = (1, 2)   # argnums of w_qkv, wo
 
 
-def loss_seq(x, wq, wk, wv, wo):
-    return jnp.mean(attention_seq(x, wq, wk, wv, wo) ** 2)
+def loss_seq(x, w_qkv, wo):
+    return jnp.mean(attention_seq(x, w_qkv, wo) ** 2)
 
 
-def grads_seq(x, wq, wk, wv, wo):
-    return jax.grad(loss_seq, argnums=WEIGHTS)(x, wq, wk, wv, wo)
+def grads_seq(x, w_qkv, wo):
+    return jax.grad(loss_seq, argnums=WEIGHTS)(x, w_qkv, wo)
 
 
-def _local_loss(x, wq, wk, wv, wo):   # this rank's tokens' mean loss
-    return jnp.mean(ulysses_local(x, wq, wk, wv, wo) ** 2)
+def _local_loss(x, w_qkv, wo):   # this rank's tokens' mean loss
+    return jnp.mean(ulysses_local(x, w_qkv, wo) ** 2)
 
 
-def ulysses_grads_local(x, wq, wk, wv, wo):
-    grads = jax.grad(_local_loss, argnums=WEIGHTS)(x, wq, wk, wv, wo)
+def ulysses_grads_local(x, w_qkv, wo):
+    grads = jax.grad(_local_loss, argnums=WEIGHTS)(x, w_qkv, wo)
     return tuple(jax.lax.psum(g, "sp") / SP for g in grads)
 
 
@@ -128,10 +129,10 @@ def ulysses_grads():
         description="Ulysses training: gradients of the replicated projections, psum over 'sp' / SP")
 
 
-def ulysses_grads_local_not_divided(x, wq, wk, wv, wo):
-    gq, gk, gv, go = jax.grad(_local_loss, argnums=WEIGHTS)(x, wq, wk, wv, wo)
-    gq = jax.lax.psum(gq, "sp")  # BUG: the sum of SP local-mean gradients is never divided by SP
-    return (gq,) + tuple(jax.lax.psum(g, "sp") / SP for g in (gk, gv, go))
+def ulysses_grads_local_not_divided(x, w_qkv, wo):
+    g_qkv, g_o = jax.grad(_local_loss, argnums=WEIGHTS)(x, w_qkv, wo)
+    g_qkv = jax.lax.psum(g_qkv, "sp")  # BUG: the sum of SP local-mean gradients is never divided by SP
+    return g_qkv, jax.lax.psum(g_o, "sp") / SP
 
 
 @dlverify.case
