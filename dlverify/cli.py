@@ -456,13 +456,15 @@ def zoo(
     rules: Optional[Path] = typer.Option(None, "--rules", help=RULES_HELP),
     report_dir: Path = typer.Option(Path("zoo-report"), "--report-dir", help="index.html, zoo.json, junit.xml, zoo.sarif"),
     ray: Optional[str] = typer.Option(None, "--ray", help="auto | ADDRESS: the items as Ray tasks (pip install 'dlverify[ray]')"),
+    patterns: Optional[list[Path]] = typer.Option(None, "--patterns", help=PATTERNS_HELP),
 ) -> None:
     """Verify a model zoo on a pool of processes, with a cache and an HTML report (see README)."""
     def body() -> None:
         from dlverify.zoo.command import ZooArgs, zoo_command
 
         ensure_host_devices()
-        args = ZooArgs(targets, jobs, engine, timeout, max_memory, cache_dir, no_cache, resume, report_dir, ray, rules_dir=rules)
+        args = ZooArgs(targets, jobs, engine, timeout, max_memory, cache_dir, no_cache, resume, report_dir, ray,
+                       rules_dir=rules, patterns=tuple(patterns or ()))
         raise typer.Exit(zoo_command(args, typer.echo, lambda line: typer.echo(line, err=True)))
 
     _run_command(body)

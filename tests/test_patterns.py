@@ -297,3 +297,28 @@ def test_cli_patterns_option_reports_matches_in_text_json_and_sarif(tmp_path):
     assert text.exit_code == 0
     assert ("pattern contraction-into-add: a contraction feeds an add that relates to nothing "
             "(dot_general at megatron_mlp.py:96 -> add at megatron_mlp.py:96)") in text.stdout
+
+
+def test_zoo_patterns_option_reaches_zoo_json_and_keys_the_cache(tmp_path):
+    from dlverify.zoo.runner import NoDisplay, ZooOptions, _Runner
+
+    mine = tmp_path / "mine.toml"
+    mine.write_text('[[pattern]]\nname = "into-add"\nregex = "dot_general add&frontier"\n'
+                    'explanation = "a contraction feeds an add"\n')
+    target = f"{EX / 'megatron_mlp.py'}::megatron_mlp_bug_bias_before_psum"
+    args = ["zoo", target, "--engine", "clingo", "--patterns", str(mine), "--cache-dir",
+            str(tmp_path / "cache"), "--report-dir", str(tmp_path / "out")]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    (case,) = json.loads((tmp_path / "out" / "zoo.json").read_text())["cases"]
+    assert {(m["pattern"], m["explanation"]) for m in case["result"]["patterns"]} >= {
+        ("into-add", "a contraction feeds an add"), ("partial-plus-complete", EXPLAINED)}
+    bad = CliRunner().invoke(app, [*args[:4], "--patterns", str(tmp_path / "missing.toml")])
+    assert bad.exit_code == 2 and "--patterns: no such file" in bad.output
+    # the explanations are part of a cached verdict: other patterns, another key
+    salts = {_Runner([], ZooOptions(cache_dir=tmp_path / "c", patterns=ps), NoDisplay()).salt
+             for ps in (None, tuple(load_patterns(mine)), (NO_REDUCTION,))}
+    assert len(salts) == 3
+
+
+EXPLAINED = next(p.explanation for p in shipped_patterns() if p.name == "partial-plus-complete")

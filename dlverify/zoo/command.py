@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Callable
 
-from dlverify.cli_checks import engine_ok, writable_dir
+from dlverify.cli_checks import engine_ok, pattern_set, writable_dir
 from dlverify.errors import InputError
 from dlverify.zoo.cache import default_cache_dir
 from dlverify.zoo.items import ItemLimits, entries_of
@@ -33,6 +33,7 @@ class ZooArgs:
     report_dir: Path = Path("zoo-report")
     ray: str | None = None  # --ray auto|ADDRESS: the items as Ray tasks
     rules_dir: Path | None = None  # --rules: another rule set (a folder with a main.dl)
+    patterns: tuple[Path, ...] = ()  # --patterns: bug-pattern files besides the shipped ones
 
 
 def options_of(args: ZooArgs) -> ZooOptions:
@@ -55,8 +56,9 @@ def options_of(args: ZooArgs) -> ZooOptions:
     from dlverify.rules.ruleset import checked_main
 
     rules_dir = checked_main(args.rules_dir).parent if args.rules_dir is not None else None
+    patterns = pattern_set(list(args.patterns))
     return ZooOptions(args.jobs, args.engine, ItemLimits(args.timeout, memory), cache_dir, rules_dir=rules_dir,
-                      use_cache=not args.no_cache, resume=args.resume, ray=args.ray)
+                      use_cache=not args.no_cache, resume=args.resume, ray=args.ray, patterns=patterns)
 
 
 def _live() -> bool:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dlverify.errors import InputError
 from dlverify.zoo import cache as C
@@ -33,6 +33,9 @@ from dlverify.zoo.items import CaseEntry, DumpEntry, Entry, HloEntry, ItemLimits
 from dlverify.zoo.results import ItemKind, ItemResult, error_result
 from dlverify.zoo.tasks import (CaseJob, ChildValue, DumpJob, HloJob, case_task, dump_task,
                                 hlo_task, list_task, ready_task)
+
+if TYPE_CHECKING:
+    from dlverify.patterns import Pattern
 
 EXIT_OK, EXIT_MISMATCH, EXIT_INPUT, EXIT_RESOURCES = 0, 1, 2, 3
 
@@ -47,6 +50,7 @@ class ZooOptions:
     resume: bool = False               # keep the finished items of the interrupted run
     rules_dir: Path | None = None      # --rules: another rule set; the installed one when None
     ray: str | None = None             # --ray: "auto" or a cluster's address; None: local pool
+    patterns: tuple[Pattern, ...] | None = None  # --patterns: the bug patterns; None: the shipped ones
 
 
 class Display(Protocol):
@@ -137,7 +141,8 @@ class _Runner:
     def __init__(self, entries: list[Entry], options: ZooOptions, display: Display) -> None:
         self.options = options
         self.display = display
-        self.salt = C.salt(options.engine, options.rules_dir)
+        # the explanations are part of a cached verdict: the patterns are part of its key
+        self.salt = C.digest_bytes(C.salt(options.engine, options.rules_dir), repr(options.patterns))
         self.cache = C.ZooCache(options.cache_dir, options.use_cache)
         run_key = C.digest_bytes(self.salt, repr(entries), repr(options.limits))
         self.journal = C.Journal(options.cache_dir, run_key, options.resume)
@@ -173,7 +178,8 @@ class _Runner:
                           ("custom_calls", e.custom_calls))]
                 key = C.digest_bytes(self.salt, "hlo", *parts, f"ranks={e.ranks}",
                                      f"expect={e.expect}", f"name={e.label}")
-                job = HloJob(e.label, e, self.options.engine, self.segments, self.options.rules_dir)
+                job = HloJob(e.label, e, self.options.engine, self.segments, self.options.rules_dir,
+                             self.options.patterns)
                 works.append(_Work((i,), key, e.label, "hlo", str(e.dist), e.label, e.expect,
                                    hlo_task, (job,), limits))
             else:
@@ -181,7 +187,8 @@ class _Runner:
                 calls = self._digest(e.custom_calls) if e.custom_calls else ""
                 key = C.digest_bytes(self.salt, "dump", self._digest(e.path), calls,
                                      f"expect={e.expect}")
-                job = DumpJob(str(e.path), e, self.options.engine, self.segments, self.options.rules_dir)
+                job = DumpJob(str(e.path), e, self.options.engine, self.segments, self.options.rules_dir,
+                              self.options.patterns)
                 works.append(_Work((i,), key, str(e.path), "dump", str(e.path), "", e.expect,
                                    dump_task, (job,), limits))
         return works
@@ -190,7 +197,8 @@ class _Runner:
                    limits: ItemLimits) -> _Work:
         key = C.digest_bytes(self.salt, "case", self._digest(path), name)
         item_id = f"{path}::{name}"
-        job = CaseJob(item_id, path, name, self.options.engine, self.segments, self.options.rules_dir)
+        job = CaseJob(item_id, path, name, self.options.engine, self.segments, self.options.rules_dir,
+                      self.options.patterns)
         return _Work(order, key, item_id, "case", str(path), name, "verified", case_task, (job,),
                      limits)
 

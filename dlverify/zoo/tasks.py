@@ -20,6 +20,7 @@ from dlverify.zoo.items import DumpEntry, HloEntry
 from dlverify.zoo.results import ItemDetail, ItemResult
 
 if TYPE_CHECKING:
+    from dlverify.patterns import Pattern
     from dlverify.verdict import CaseOutcome
 
 
@@ -33,6 +34,7 @@ class CaseJob:
     engine: str
     segment_cache: Path | None  # the on-disk segment memo shared by the zoo's items
     rules_dir: Path | None = None  # --rules: another rule set; the installed one when None
+    patterns: tuple[Pattern, ...] | None = None  # the bug patterns; None: the shipped ones
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class HloJob:
     engine: str
     segment_cache: Path | None
     rules_dir: Path | None = None
+    patterns: tuple[Pattern, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,7 @@ class DumpJob:
     engine: str
     segment_cache: Path | None
     rules_dir: Path | None = None
+    patterns: tuple[Pattern, ...] | None = None
 
 
 @dataclass
@@ -105,7 +109,7 @@ def case_task(job: CaseJob, reporter: Reporter = NULL_REPORTER) -> ChildValue:
     reporter.phase("import")
     fn = dict(load_cases(job.path, job.name))[job.name]
     o = run_case(job.path, job.name, fn, job.engine, None, reporter, cache_dir=job.segment_cache,
-                 rules_dir=job.rules_dir)
+                 rules_dir=job.rules_dir, patterns=job.patterns)
     reporter.phase("report")
     result = _result(job.item_id, "case", o, outcome_text(o))
     return ChildValue([], [result], imported.digests())
@@ -120,7 +124,8 @@ def hlo_task(job: HloJob, reporter: Reporter = NULL_REPORTER) -> ChildValue:
     reporter.phase("parse")
     t0 = time.perf_counter()
     res = verify_hlo(e.seq, e.dist, e.spec, ranks=e.ranks, engine=job.engine,  # type: ignore[arg-type]
-                     custom_calls=e.custom_calls, cache_dir=job.segment_cache, rules_dir=job.rules_dir)
+                     custom_calls=e.custom_calls, cache_dir=job.segment_cache, rules_dir=job.rules_dir,
+                     patterns=job.patterns)
     secs = time.perf_counter() - t0
     reporter.phase("report")
     o = CaseOutcome(e.label, str(e.dist), e.expect, res, seconds=secs)
@@ -138,7 +143,7 @@ def dump_task(job: DumpJob, reporter: Reporter = NULL_REPORTER) -> ChildValue:
     reporter.phase("parse")
     t0 = time.perf_counter()
     modules = verify_dump(e.path, engine=job.engine, custom_calls=e.custom_calls,  # type: ignore[arg-type]
-                          cache_dir=job.segment_cache, rules_dir=job.rules_dir)
+                          cache_dir=job.segment_cache, rules_dir=job.rules_dir, patterns=job.patterns)
     if not modules:
         raise InputError("no SPMD-partitioned module in this dump folder", str(e.path))
     secs = (time.perf_counter() - t0) / len(modules)
