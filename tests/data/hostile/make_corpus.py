@@ -579,6 +579,9 @@ def patterns() -> None:
              file="unknown_label.toml", why="check (HLO) checks --patterns before it runs")
     f.expect("check_dump_with_bad_patterns", 2, ["check-dump", "{dir}", "--patterns", "{file}"],
              "malformed regex", file="lone_star.toml", why="check-dump too")
+    f.expect("zoo_with_bad_patterns", 2, ["zoo", "{data}/hostile/options/bug.py", "--patterns", "{file}",
+                                          "--cache-dir", "{tmp}/cache", "--report-dir", "{tmp}/report"],
+             "unknown label 'frobnicate'", file="unknown_label.toml", why="zoo too, before any item runs")
     f.save("check-jax, check, check-dump --patterns with hostile bug-pattern files")
 
 
