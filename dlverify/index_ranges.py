@@ -31,7 +31,8 @@ from dlverify.ops.dtypes import exact_dtype
 
 Intervals = tuple[tuple[int, int], ...]   # disjoint, sorted, half-open [lo, hi)
 BIG = 1 << 70                             # beyond every integer type: an open end
-MAX_DEPTH = 200                           # producer chains followed per query
+MAX_DEPTH = 64                            # producer chains followed per query (Python stack)
+MAX_TERMS = 8                             # known integers added to one base (no quadratic chains)
 
 
 def _norm(ivs: list[tuple[int, int]]) -> Intervals:
@@ -234,6 +235,15 @@ class IndexFacts:
             pick = max if op.kind == "max" else min
             return tuple(((pick(x[0][0], y[0][0]), pick(x[-1][1] - 1, y[-1][1] - 1) + 1),)
                          for x, y in zip(a, b))
+        if op.kind in ("add", "sub"):   # x +- a known integer, when it cannot wrap around
+            for i in ((0, 1) if op.kind == "add" else (0,)):
+                k, x = self._int_splat(op.inputs[1 - i]), self.values(op.inputs[i])
+                full = _dtype_range(out.dtype)
+                if k is None or x is None or full is None:
+                    continue
+                moved = tuple(shift(x[r], k[r] if op.kind == "add" else -k[r]) for r in range(self.ranks))
+                if all(subset(m, full) for m in moved):
+                    return moved
         aff = self.affine(op.output)
         if aff is not None and aff.base != op.output:
             base = self.values(aff.base)
@@ -306,7 +316,7 @@ class IndexFacts:
     def _shifted(self, x: int, k: int, sign: int, t: int) -> Affine | None:
         ks, src = self._int_splat(k), self._scalar_source(k)
         inner = self.affine(x)
-        if ks is None or src is None or inner is None:
+        if ks is None or src is None or inner is None or len(inner.terms) >= MAX_TERMS:
             return None
         off = tuple(o + sign * c for o, c in zip(inner.offset, ks))
         base = self.values(inner.base)
@@ -367,6 +377,17 @@ class IndexFacts:
         return Predicate(a.base, a.dims, tuple(fn(x, y) for x, y in zip(a.sets, b.sets)))
 
     # ------------------------------------------------------------------ folding
+    def visit(self, t: int) -> list[bool] | None:
+        """Analyse t once its producer's operands are analysed (fold's op order, so
+        that no query recurses deeply): a bool's value when decided, else None."""
+        dtype = self.g.tensors[t].dtype
+        if dtype == "bool":
+            return self.known_bool(t)
+        if _dtype_range(dtype) is not None:
+            self.values(t)
+            self.affine(t)
+        return None
+
     def known_bool(self, t: int) -> list[bool] | None:
         """The value bool t holds everywhere on each rank, when its predicate is decided
         by the values its base can take there (reductions of a known bool included)."""

@@ -162,8 +162,7 @@ def fold(graph: Graph, mesh: Mesh | None) -> Folded:
                 vals.append(v.item())
             if len(vals) == ranks:
                 splat[op.output] = vals
-        if op.output not in splat and out.dtype == "bool":
-            decided = index_facts.known_bool(op.output)
-            if decided is not None:
-                splat[op.output] = decided
+        decided = index_facts.visit(op.output)   # in op order: short recursions
+        if decided is not None and op.output not in splat:
+            splat[op.output] = decided
     return res

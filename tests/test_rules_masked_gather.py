@@ -233,3 +233,27 @@ def test_gathers_along_a_later_dim_rewrite_exactly_and_verify():
     _check_rewrite_exact(import_jax(seq, dist, args(), "later_dim"), seq, dist)
     res = verify_problem(import_jax(seq, dist, args(), "later_dim"), engine="clingo")
     assert res.verified, [f.message for f in res.failures]
+
+
+def test_a_long_index_chain_is_cut_short_not_a_crash():
+    # 3000 chained adds of known integers into a mask: the analysis follows at most
+    # MAX_DEPTH producers per query (memoised in op order), so no deep recursion
+    from dlverify.ir import Graph, GraphBuilder, IdAllocator
+    g = Graph("sequential")
+    b = GraphBuilder(g, IdAllocator())
+    x = b.tensor((4,), "int32", "ids")
+    g.inputs.append(x)
+    one = b.op("broadcast_in_dim", [b.constant(np.asarray(1, np.int32), (), "int32")], (4,), "int32",
+               {"broadcast_dimensions": ()})
+    t = b.op("rem", [x, b.op("broadcast_in_dim", [b.constant(np.asarray(8, np.int32), (), "int32")],
+                                (4,), "int32", {"broadcast_dimensions": ()})], (4,), "int32")
+    for _ in range(3000):
+        t = b.op("add", [t, one], (4,), "int32")
+    zero = b.op("broadcast_in_dim", [b.constant(np.asarray(-8, np.int32), (), "int32")], (4,), "int32",
+                {"broadcast_dimensions": ()})
+    mask = b.op("gt", [t, zero], (4,), "bool")
+    g.outputs.append(mask)
+    splat = fold(g, None).splat            # analysed in op order: each query one step deep
+    assert splat.get(mask) == [True]      # rem(x, 8) + 3000 > -8 everywhere
+    fresh = IndexFacts(g, 1, splat)       # queried from the end: cut after MAX_DEPTH producers
+    assert fresh.values(t) is not None and fresh.known_bool(mask) is None
