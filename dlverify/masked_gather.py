@@ -331,6 +331,8 @@ def _rewrite_in_bounds(gs: _Graph, skip: set[int]) -> tuple[dict[int, list[Op]],
 def rewrite_masked_gathers(problem: Problem) -> bool:
     """Rewrite the distributed masked gathers, and then the in-bounds gathers of both
     graphs, as one-hot contractions. Nothing changes unless a masked gather is found."""
+    if not any(op.kind == "gather" for op in problem.dist.ops):
+        return False   # no fold of the distributed graph for nothing
     dist = _Graph(problem.dist, problem.ids, problem.mesh.size, problem.mesh)
     before: dict[int, list[Op]] = {}
     replaced: set[int] = set()
