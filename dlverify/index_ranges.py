@@ -130,7 +130,7 @@ class IndexFacts:
             return None
         return [int(v) for v in vals]
 
-    def _bool_splat(self, t: int) -> list[bool] | None:
+    def bool_splat(self, t: int) -> list[bool] | None:
         vals = self.splat.get(t)
         if vals is None or self.g.tensors[t].dtype != "bool":
             return None
@@ -260,7 +260,7 @@ class IndexFacts:
         p is a predicate over the base of a case, only that base's values where
         the case is taken count."""
         p, cases = op.inputs[0], op.inputs[1:]
-        picked = self._bool_splat(p)
+        picked = self.bool_splat(p)
         pred = self.predicate(p)
         out = []
         for r in range(self.ranks):
@@ -307,7 +307,7 @@ class IndexFacts:
         if op.kind in ("broadcast_in_dim", "reshape"):
             return self._moved(op, self.affine(op.inputs[0])) or me
         if op.kind == "select_n" and len(op.inputs) == 3:
-            picked = self._bool_splat(op.inputs[0])
+            picked = self.bool_splat(op.inputs[0])
             if picked is not None and len(set(picked)) == 1:
                 inner = self.affine(op.inputs[2 if picked[0] else 1])
                 return inner if inner is not None else me
@@ -363,7 +363,7 @@ class IndexFacts:
 
     def _combine(self, op: Op) -> Predicate | None:
         a, b = (self.predicate(i) for i in op.inputs)
-        ka, kb = (self._bool_splat(i) for i in op.inputs)
+        ka, kb = (self.bool_splat(i) for i in op.inputs)
         fn = _COMBINE[op.kind]
         every: Intervals = ((-BIG, BIG),)
         if a is not None and b is None and kb is not None:
@@ -393,7 +393,7 @@ class IndexFacts:
         by the values its base can take there (reductions of a known bool included)."""
         op = self.producer.get(t)
         if op is not None and op.kind in ("reduce_and", "reduce_or"):
-            inner = self._bool_splat(op.inputs[0])
+            inner = self.bool_splat(op.inputs[0])
             in_shape = self.g.tensors[op.inputs[0]].shape
             if inner is not None and all(in_shape[a] > 0 for a in op.params["axes"]):
                 return inner

@@ -43,9 +43,9 @@ MAX_ONE_HOT = 1 << 28   # elements of a one-hot matrix the rewrite may create
 
 @dataclass(frozen=True)
 class RowGather:
-    """A gather of rows of `operand` along dim `dim` (size n) by the integer index
-    `index` (the gather's start indices without their size-1 index-vector dim);
-    `along`: the take_along_axis form (batching over every other operand dim)."""
+    """The gather `op` as a lookup of rows of `operand` along dim `dim` by its start
+    indices (whose last, index-vector dim has size 1); `along`: the take_along_axis
+    form (batching over every other operand dim)."""
 
     op: Op
     operand: int
@@ -189,7 +189,7 @@ class _Graph:
     def _case_on_kept(self, op: Op, base: int, dims: tuple[int, ...],
                       kept: tuple[Intervals, ...]) -> int | None:
         """The case select_n `op` takes at every kept position, on every rank."""
-        picked = self.facts._bool_splat(op.inputs[0])
+        picked = self.facts.bool_splat(op.inputs[0])
         if picked is not None:
             return 2 if picked[0] else 1 if len(set(picked)) == 1 else None
         pred = self.facts.predicate(op.inputs[0])
