@@ -1,6 +1,8 @@
 """Exporters of `scatter`, `scatter-add`, `scatter-mul`, `scatter-min` and
 `scatter-max` whose indices are known before run time (`x.at[2].set(v)`,
-`x.at[1:3].add(v)`, a pipeline's output buffer written at a static step).
+`x.at[1:3].add(v)`, a pipeline's output buffer written at a static step), and
+of a scatter-add of whole rows at data-dependent indices (the gradient of
+`jnp.take`) as a contraction with a one-hot matrix.
 
 With known indices a scatter is a sequence of window updates, one per index
 vector (XLA's operation semantics: each update window is placed at the start
@@ -44,9 +46,14 @@ def _scatter(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
     if tuple(dn.operand_batching_dims) or tuple(dn.scatter_indices_batching_dims):
         raise _refuse(eqn, "with batching dims is not supported")
     indices = ctx.known.value(ctx.b.graph, indices_t)
+    if indices is None and _COMBINE[eqn.primitive.name] == "add":
+        rows = _one_hot_scatter_add(ctx, eqn, ins)
+        if rows is not None:
+            return [rows]
     if indices is None:
         raise _refuse(eqn, "whose indices are not known before run time (they depend on data "
-                           "or on the rank) is not supported")
+                           "or on the rank) is supported only as the transpose of a row lookup "
+                           "(jnp.take's gradient)")
     combine = _COMBINE[eqn.primitive.name]
     clip = "CLIP" in str(eqn.params.get("mode"))
     g = ctx.b.graph
@@ -107,3 +114,54 @@ def _scatter(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
 
 def _overlap(a: list[int], b: tuple[int, ...], window: list[int]) -> bool:
     return all(x < y + w and y < x + w for x, y, w in zip(a, b, window))
+
+
+def _one_hot_scatter_add(ctx: Ctx, eqn: Any, ins: list[int]) -> int | None:
+    """A scatter-add of whole rows along one operand dim k at data-dependent indices
+    (the transpose of `jnp.take(x, i, axis=k)`), as the contraction it equals:
+
+        out = operand + moveaxis(onehot(i, n)^T . updates, 0, k),  onehot(i, n) = (i == iota(n))
+
+    fill_or_drop drops the rows of out-of-range indices (an all-zero one-hot row);
+    clip clamps the indices first. None when the scatter has another form."""
+    operand, indices_t, updates = ins
+    dn = eqn.params["dimension_numbers"]
+    mode = str(eqn.params.get("mode"))
+    g = ctx.b.graph
+    op_shape, idx, upd = g.tensors[operand].shape, g.tensors[indices_t], g.tensors[updates]
+    if tuple(dn.operand_batching_dims) or tuple(dn.scatter_indices_batching_dims) or \
+            len(dn.inserted_window_dims) != 1 or \
+            tuple(dn.scatter_dims_to_operand_dims) != tuple(dn.inserted_window_dims) or \
+            not idx.shape or idx.shape[-1] != 1 or ("FILL_OR_DROP" not in mode and "CLIP" not in mode):
+        return None
+    k = int(dn.inserted_window_dims[0])
+    window_dims = tuple(int(d) for d in dn.update_window_dims)
+    scatter_dims = tuple(d for d in range(upd.rank) if d not in window_dims)
+    rest = tuple(op_shape[d] for d in range(len(op_shape)) if d != k)
+    if tuple(upd.shape[d] for d in window_dims) != rest or \
+            tuple(upd.shape[d] for d in scatter_dims) != idx.shape[:-1]:
+        return None   # partial windows or misaligned index dims
+    shape, dtype = _out(eqn)
+    loc, b, n = _loc(eqn), ctx.b, op_shape[k]
+    batch = idx.shape[:-1]
+    i = b.op("reshape", [indices_t], batch, idx.dtype, {}, loc, eqn.primitive.name)
+    if "CLIP" in mode:
+        lo, hi = (b.constant(np.asarray(v, idx.dtype), (), idx.dtype, loc) for v in (0, n - 1))
+        i = b.op("clamp", [b.op("broadcast_in_dim", [lo], batch, idx.dtype, {"broadcast_dimensions": ()},
+                                loc, eqn.primitive.name), i,
+                           b.op("broadcast_in_dim", [hi], batch, idx.dtype, {"broadcast_dimensions": ()},
+                                loc, eqn.primitive.name)], batch, idx.dtype, {}, loc, eqn.primitive.name)
+    hot_shape = batch + (n,)
+    ids = b.op("broadcast_in_dim", [i], hot_shape, idx.dtype,
+               {"broadcast_dimensions": tuple(range(len(batch)))}, loc, eqn.primitive.name)
+    cols = b.op("broadcast_in_dim", [b.op("iota", [], (n,), idx.dtype, {"dimension": 0}, loc,
+                                           eqn.primitive.name)],
+                hot_shape, idx.dtype, {"broadcast_dimensions": (len(batch),)}, loc, eqn.primitive.name)
+    hot = b.op("eq", [ids, cols], hot_shape, "bool", {}, loc, eqn.primitive.name)
+    rows = b.op("dot_general", [hot, updates], (n,) + rest, dtype,
+                {"lhs_contract": tuple(range(len(batch))), "rhs_contract": scatter_dims,
+                 "lhs_batch": (), "rhs_batch": ()}, loc, eqn.primitive.name)
+    if k:
+        perm = tuple(range(1, k + 1)) + (0,) + tuple(range(k + 1, len(op_shape)))
+        rows = b.op("transpose", [rows], shape, dtype, {"permutation": perm}, loc, eqn.primitive.name)
+    return b.op("add", [operand, rows], shape, dtype, {}, loc, eqn.primitive.name)
