@@ -159,7 +159,7 @@ class IndexFacts:
         return table[t]
 
     @staticmethod
-    def _moved_dims(op: Op, dims: tuple[int, ...], in_shape: tuple[int, ...],
+    def moved_dims(op: Op, dims: tuple[int, ...], in_shape: tuple[int, ...],
                     out_shape: tuple[int, ...]) -> tuple[int, ...] | None:
         """Where dims of a broadcast_in_dim / reshape operand land in its output
         (reshapes only when they insert or drop size-1 dims)."""
@@ -183,7 +183,7 @@ class IndexFacts:
         """An Affine or Predicate of a broadcast_in_dim / reshape operand, for its output."""
         if inner is None:
             return None
-        dims = self._moved_dims(op, inner.dims, self.g.tensors[op.inputs[0]].shape,
+        dims = self.moved_dims(op, inner.dims, self.g.tensors[op.inputs[0]].shape,
                                 self.g.tensors[op.output].shape)
         return None if dims is None else replace(inner, dims=dims)
 

@@ -27,7 +27,7 @@ rewritten too, so that both sides meet as contractions. Two gather forms: a
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -119,19 +119,7 @@ class _Graph:
                 return False
         if int(np.prod(hot_shape)) > MAX_ONE_HOT:
             return False
-        ids = self.new("broadcast_in_dim", [base.base], hot_shape, idx_t.dtype,
-                       {"broadcast_dimensions": out_dims}, like)
-        cols = self.new("iota", [], (n,), idx_t.dtype, {"dimension": 0}, like)
-        first = None   # cols - c_r: ids + c_r == j  <=>  ids == j - c_r
-        for t, sign in base.terms:
-            term = t if sign > 0 else self.new("neg", [t], (), idx_t.dtype, {}, like)
-            first = term if first is None else self.new("add", [first, term], (), idx_t.dtype, {}, like)
-        if first is not None:
-            first = self.new("broadcast_in_dim", [first], (n,), idx_t.dtype, {"broadcast_dimensions": ()}, like)
-            cols = self.new("sub", [cols, first], (n,), idx_t.dtype, {}, like)
-        cols = self.new("broadcast_in_dim", [cols], hot_shape, idx_t.dtype,
-                        {"broadcast_dimensions": (len(hot_shape) - 1,)}, like)
-        hot = self.new("eq", [ids, cols], hot_shape, "bool", {}, like)
+        hot = self._one_hot(base, hot_shape, out_dims, like)
         last = len(hot_shape) - 1
         if rg.along:
             keep = tuple(d for d in range(o_rank) if d != rg.dim)
@@ -150,6 +138,23 @@ class _Graph:
             prod = self.new("dot_general", [hot, rg.operand], dot_shape, dtype, params, like)
             self.new("transpose", [prod], shape, dtype, {"permutation": perm}, like, output=output)
         return True
+
+    def _one_hot(self, base: Affine, hot_shape: tuple[int, ...], dims: tuple[int, ...], like: Op) -> int:
+        """Queue (broadcast(base) + c_r == iota) of hot_shape, iota along the last dim
+        and base's dims at `dims`: base + c_r == j  <=>  base == j - c_r."""
+        dtype, n = self.g.tensors[base.base].dtype, hot_shape[-1]
+        ids = self.new("broadcast_in_dim", [base.base], hot_shape, dtype, {"broadcast_dimensions": dims}, like)
+        cols = self.new("iota", [], (n,), dtype, {"dimension": 0}, like)
+        first = None
+        for t, sign in base.terms:
+            term = t if sign > 0 else self.new("neg", [t], (), dtype, {}, like)
+            first = term if first is None else self.new("add", [first, term], (), dtype, {}, like)
+        if first is not None:
+            first = self.new("broadcast_in_dim", [first], (n,), dtype, {"broadcast_dimensions": ()}, like)
+            cols = self.new("sub", [cols, first], (n,), dtype, {}, like)
+        cols = self.new("broadcast_in_dim", [cols], hot_shape, dtype,
+                        {"broadcast_dimensions": (len(hot_shape) - 1,)}, like)
+        return self.new("eq", [ids, cols], hot_shape, "bool", {}, like)
 
     def index_affine(self, rg: RowGather) -> tuple[Affine, tuple[int, ...]] | None:
         """The gather's index as base + c_r, and where base's dims lie in the output."""
@@ -285,6 +290,109 @@ class _Graph:
             return rg
         return None
 
+    def _zero_masked(self, t: int):
+        """t = select_n(p, x, 0) or select_n(p, 0, x) with p a predicate: (p, x, kept sets)."""
+        op = self.producer.get(t)
+        if op is None or op.kind != "select_n" or len(op.inputs) != 3:
+            return None
+        for zero in (1, 2):
+            z = self.facts.splat.get(op.inputs[zero])
+            pred = self.facts.predicate(op.inputs[0])
+            vals = self.facts.values(pred.base) if pred is not None else None
+            if z is None or any(float(v) != 0.0 for v in z) or vals is None:
+                continue
+            kept = tuple(intersect(v, s if zero == 1 else complement(s)) for v, s in zip(vals, pred.sets))
+            return pred, op.inputs[3 - zero], kept
+        return None
+
+    def masked_contraction(self, op: Op) -> bool:
+        """dot_general(onehot(j, n), select_n(mask, u, 0)) contracting the one-hot's index
+        dims with the masked dims, where j = base + c_r on the kept rows and a row is kept
+        exactly where base + c_r lies in [0, n): the masked rows add nothing, and the
+        one-hot rows of base + c_r are zero there, so it is dot_general(onehot(base + c_r),
+        u) (the gradient of a masked lookup, scatter.py's one-hot scatter-add)."""
+        p = op.params
+        if len(op.inputs) != 2 or exact_dtype(self.g.tensors[op.output].dtype) is not None:
+            return False
+        hot, masked = op.inputs
+        found = self._zero_masked(masked)
+        layout = self.producer.get(masked)
+        if found is None and layout is not None and layout.kind in ("broadcast_in_dim", "reshape"):
+            found = self._zero_masked(layout.inputs[0])   # the mask, then a broadcast or reshape
+            moved = None if found is None else self.facts.moved_dims(
+                layout, found[0].dims, self.shape(layout.inputs[0]), self.shape(masked))
+            if moved is None:
+                return False
+            found = (replace(found[0], dims=moved),) + found[1:]
+        else:
+            layout = None
+        eq = self.producer.get(hot)
+        if found is None or eq is None or eq.kind != "eq":
+            return False
+        pred, unmasked, kept = found
+        # base's dims in the one-hot: the operand dims contracted or batched with the mask's
+        pairs = dict(zip(p["rhs_contract"], p["lhs_contract"])) | dict(zip(p["rhs_batch"], p["lhs_batch"]))
+        if any(d not in pairs for d in pred.dims):
+            return False
+        dims = tuple(pairs[d] for d in pred.dims)
+        h_shape = self.shape(hot)
+        last, n = len(h_shape) - 1, h_shape[-1]
+        if last in p["lhs_contract"] or last in p["lhs_batch"]:
+            return False
+        for i in (0, 1):
+            if not self._iota_columns(eq.inputs[1 - i], last):
+                continue
+
+            def is_base(t: int, d: tuple[int, ...]) -> bool:
+                aff = self.facts.affine(t)
+                return aff is not None and aff.base == pred.base and aff.dims == d
+            src = self._trace(eq.inputs[i], pred.base, dims, kept, is_base, ("broadcast_in_dim", "reshape"))
+            if src is None:
+                continue
+            aff = self.facts.affine(src[0])
+            vals = self.facts.values(pred.base)
+            if any(intersect(v, shift(((0, n),), -c)) != k for v, c, k in zip(vals, aff.offset, kept)):
+                continue
+            if any(self.g.tensors[t].dtype != self.g.tensors[pred.base].dtype for t, _ in aff.terms):
+                continue
+            new_hot = self._one_hot(aff, h_shape, dims, op)
+            if layout is not None:
+                unmasked = self.new(layout.kind, [unmasked], self.shape(masked),
+                                    self.g.tensors[masked].dtype, layout.params, layout)
+            self.new("dot_general", [new_hot, unmasked], self.shape(op.output),
+                     self.g.tensors[op.output].dtype, p, op, output=op.output)
+            return True
+        return False
+
+    def canonical_one_hot(self, op: Op) -> bool:
+        """eq(a, iota columns) with a = broadcast(base) + c_r: the same one-hot built
+        from base (exact for every input: an affine form is an equality)."""
+        shape = self.shape(op.output)
+        if not shape:
+            return False
+        last = len(shape) - 1
+        for i in (0, 1):
+            aff = self.facts.affine(op.inputs[i])
+            if not self._iota_columns(op.inputs[1 - i], last) or aff is None or aff.base == op.inputs[i] \
+                    or last in aff.dims:
+                continue
+            if any(self.g.tensors[t].dtype != self.g.tensors[aff.base].dtype for t, _ in aff.terms):
+                continue
+            hot = self._one_hot(aff, shape, aff.dims, op)
+            self.pending[-1].output = op.output   # the rebuilt eq produces the original output
+            del self.g.tensors[hot]
+            return True
+        return False
+
+    def _iota_columns(self, t: int, last: int) -> bool:
+        """t is an iota of the last dim's size broadcast along the last dim."""
+        op = self.producer.get(t)
+        if op is None or op.kind != "broadcast_in_dim" or tuple(op.params["broadcast_dimensions"]) != (last,):
+            return False
+        src = self.producer.get(op.inputs[0])
+        return src is not None and src.kind == "iota" and src.params["dimension"] == 0 and \
+            self.shape(src.output) == (self.shape(t)[last],)
+
     def _fresh(self, like: int) -> int:
         t = self.ids()
         src = self.g.tensors[like]
@@ -310,9 +418,18 @@ def _splice(g: Graph, before: dict[int, list[Op]], replaced: set[int]) -> None:
 
 
 def _rewrite_in_bounds(gs: _Graph, skip: set[int]) -> tuple[dict[int, list[Op]], set[int]]:
+    """In-bounds gathers as one-hot contractions, and every one-hot (index == iota)
+    whose index is an affine form rebuilt from its base, so that one-hots built from
+    the same ids through different reshapes (a lookup's, its gradient's) meet."""
     before: dict[int, list[Op]] = {}
     replaced: set[int] = set()
     for op in gs.g.ops:
+        if op.kind == "eq" and op.id not in skip:
+            gs.pending = []
+            if gs.canonical_one_hot(op):
+                before[op.id] = gs.pending
+                replaced.add(op.id)
+            continue
         if op.kind != "gather" or op.id in skip:
             continue
         rg = _row_gather(gs.g, op)
@@ -331,21 +448,23 @@ def _rewrite_in_bounds(gs: _Graph, skip: set[int]) -> tuple[dict[int, list[Op]],
 def rewrite_masked_gathers(problem: Problem) -> bool:
     """Rewrite the distributed masked gathers, and then the in-bounds gathers of both
     graphs, as one-hot contractions. Nothing changes unless a masked gather is found."""
-    if not any(op.kind == "gather" for op in problem.dist.ops):
+    if not any(op.kind in ("gather", "eq") for op in problem.dist.ops):
         return False   # no fold of the distributed graph for nothing
     dist = _Graph(problem.dist, problem.ids, problem.mesh.size, problem.mesh)
     before: dict[int, list[Op]] = {}
     replaced: set[int] = set()
     gathers: set[int] = set()
     for op in problem.dist.ops:
-        if op.kind != "select_n":
-            continue
         dist.pending = []
-        rg = dist.masked(op)
-        if rg is not None:
+        if op.kind == "select_n":
+            rg = dist.masked(op)
+            if rg is not None:
+                gathers.add(rg.op.id)
+        elif op.kind != "dot_general" or not dist.masked_contraction(op):
+            continue
+        if dist.pending:
             before[op.id] = dist.pending
             replaced.add(op.id)
-            gathers.add(rg.op.id)
     if not replaced:
         return False
     more, more_replaced = _rewrite_in_bounds(dist, gathers)

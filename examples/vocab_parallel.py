@@ -37,18 +37,18 @@ def _args():
     )
 
 
-def _dist(local_fn, out_specs=(P(), P())):
+def _dist(local_fn, out_specs=(P(), P()), check_vma=False):
     mesh = dlverify.host_mesh((TP,), ("tp",))
     return jax.jit(jax.shard_map(local_fn, mesh=mesh,
                                  in_specs=(P(), P(), P("tp", None), P(None, "tp")),
-                                 out_specs=out_specs, check_vma=False))
+                                 out_specs=out_specs, check_vma=check_vma))
 
 
 def lm_seq(ids, labels, table, head):
     ids, labels = ids % VOCAB, labels % VOCAB
     x = jnp.take(table, ids, axis=0)
     logits = x @ head
-    m = jnp.max(logits, axis=-1, keepdims=True)
+    m = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))   # a constant shift
     lse = jnp.log(jnp.sum(jnp.exp(logits - m), axis=-1)) + m[:, 0]
     target = jnp.take_along_axis(logits, labels[:, None], axis=-1)[:, 0]
     return x, jnp.mean(lse - target)
@@ -69,7 +69,7 @@ def _embed(table, outside, local):
 
 def _xent_vocab_parallel(x, labels, head, target_psum=True):
     logits = x @ head                                                 # (T, V/TP)
-    m = jax.lax.pmax(jnp.max(logits, axis=-1, keepdims=True), "tp")
+    m = jax.lax.pmax(jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True)), "tp")
     lse = jnp.log(jax.lax.psum(jnp.sum(jnp.exp(logits - m), axis=-1), "tp")) + m[:, 0]
     outside, local = _vocab_mask(labels)
     picked = jnp.take_along_axis(logits, local[:, None], axis=-1)[:, 0]
@@ -90,6 +90,33 @@ def vocab_parallel_embedding_xent():
     return dlverify.Case(
         seq=lm_seq, dist=_dist(vocab_parallel_local), args=_args(), expect="verified",
         description="vocab-parallel embedding by masked gather and vocab-parallel cross-entropy; TP=2")
+
+
+# --------------------------------------------------------------- training: the embedding's gradient
+
+def lm_loss_seq(ids, labels, table, head):
+    return lm_seq(ids, labels, table, head)[1]
+
+
+def grads_seq(ids, labels, table, head):
+    return jax.grad(lm_loss_seq, argnums=(2, 3))(ids, labels, table, head)
+
+
+def vocab_parallel_grads_local(ids, labels, table, head):
+    """The gradients of this rank's table and head shards. The loss is the same on
+    every rank; with check_vma, the psums' transposes hand each rank the cotangent
+    of its own shard: a one-hot scatter-add of the masked cotangent rows."""
+    return jax.grad(lambda tb, hd: vocab_parallel_local(ids, labels, tb, hd)[1], argnums=(0, 1))(table, head)
+
+
+@dlverify.case
+def vocab_parallel_grads():
+    return dlverify.Case(
+        seq=grads_seq, dist=_dist(vocab_parallel_grads_local, out_specs=(P("tp", None), P(None, "tp")),
+                                  check_vma=True),
+        args=_args(), expect="verified",
+        description="gradients of the vocab-parallel embedding table and LM head through the "
+                    "masked gathers and the vocab-parallel cross-entropy; TP=2")
 
 
 # --------------------------------------------------------------- buggy twins

@@ -257,3 +257,60 @@ def test_a_long_index_chain_is_cut_short_not_a_crash():
     assert splat.get(mask) == [True]      # rem(x, 8) + 3000 > -8 everywhere
     fresh = IndexFacts(g, 1, splat)       # queried from the end: cut after MAX_DEPTH producers
     assert fresh.values(t) is not None and fresh.known_bool(mask) is None
+
+
+def _embed_grad_args():
+    return (jax.ShapeDtypeStruct((TOKENS,), jnp.int32), jax.ShapeDtypeStruct((VOCAB, D + 1), jnp.float32),
+            jax.ShapeDtypeStruct((TOKENS, D + 1), jnp.float32))
+
+
+def _embed_grad_seq(ids, table, t):
+    return (jax.grad(lambda tb: jnp.sum((jnp.take(tb, ids % VOCAB, axis=0) - t) ** 2))(table),)
+
+
+def _embed_grad_dist(upper_inclusive=False):
+    def local(ids, table, t):
+        def embed(tb):
+            i = ids % VOCAB
+            first = jax.lax.axis_index("tp") * V_LOCAL
+            outside = (i < first) | ((i > first + V_LOCAL) if upper_inclusive else (i >= first + V_LOCAL))
+            rows = jnp.take(tb, jnp.where(outside, 0, i - first), axis=0)
+            return jax.lax.psum(jnp.where(outside[:, None], 0.0, rows), "tp")
+        return (jax.grad(lambda tb: jnp.sum((embed(tb) - t) ** 2))(table),)
+    mesh = dlverify.host_mesh((TP,), ("tp",))
+    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=(P(), P("tp", None), P()),
+                                 out_specs=(P("tp", None),)))
+
+
+def test_the_gradient_of_a_masked_lookup_rewrites_exactly_and_verifies():
+    # the table's gradient: a one-hot scatter-add of the masked cotangent rows
+    # (frontends/jaxpr/scatter.py), the mask folded into the one-hot of ids - first
+    dist = _embed_grad_dist()
+    problem = import_jax(_embed_grad_seq, dist, _embed_grad_args(), "embed_grad")
+    new = copy.deepcopy(problem)
+    assert rewrite_masked_gathers(new)
+    masked = [op for op in new.dist.ops if op.kind == "select_n" and
+              new.dist.tensors[op.output].dtype == "float32"]
+    assert not masked   # the forward's and the backward's masks are both gone
+    rng = np.random.default_rng(2)
+    mesh = problem.mesh
+    for _ in range(5):
+        seq_in, dist_in = _inputs(problem, rng, INTS)
+        args = [x[0] if x[0].dtype == np.int32 else x[0].astype(np.float32) for x in seq_in]
+        dv = Interpreter(new.dist, mesh.size, lambda r, a: mesh.coords(r)[a]).run(dist_in)
+        want = np.asarray(dist(*args)[0])
+        for r in range(mesh.size):
+            np.testing.assert_allclose(dv[new.dist.outputs[0]][r], want[r * V_LOCAL:(r + 1) * V_LOCAL],
+                                       rtol=1e-5, atol=1e-5)
+    res = verify_problem(import_jax(_embed_grad_seq, dist, _embed_grad_args(), "embed_grad"),
+                         engine="clingo")
+    assert res.verified, [f.message for f in res.failures]
+
+
+def test_the_gradient_of_a_lookup_masked_off_by_one_is_not_verified():
+    dist = _embed_grad_dist(upper_inclusive=True)
+    problem = import_jax(_embed_grad_seq, dist, _embed_grad_args(), "embed_grad_bug")
+    new = copy.deepcopy(problem)
+    rewrite_masked_gathers(new)
+    assert any(op.kind == "gather" for op in new.dist.ops)   # neither mask is folded
+    assert not verify_problem(problem, engine="clingo").verified

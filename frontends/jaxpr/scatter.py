@@ -43,13 +43,13 @@ def _scatter(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
     if len(ins) != 3:
         raise _refuse(eqn, "of several operands is not supported")
     dn = eqn.params["dimension_numbers"]
-    if tuple(dn.operand_batching_dims) or tuple(dn.scatter_indices_batching_dims):
-        raise _refuse(eqn, "with batching dims is not supported")
     indices = ctx.known.value(ctx.b.graph, indices_t)
     if indices is None and _COMBINE[eqn.primitive.name] == "add":
         rows = _one_hot_scatter_add(ctx, eqn, ins)
         if rows is not None:
             return [rows]
+    if tuple(dn.operand_batching_dims) or tuple(dn.scatter_indices_batching_dims):
+        raise _refuse(eqn, "with batching dims is not supported")
     if indices is None:
         raise _refuse(eqn, "whose indices are not known before run time (they depend on data "
                            "or on the rank) is supported only as the transpose of a row lookup "
@@ -129,12 +129,13 @@ def _one_hot_scatter_add(ctx: Ctx, eqn: Any, ins: list[int]) -> int | None:
     mode = str(eqn.params.get("mode"))
     g = ctx.b.graph
     op_shape, idx, upd = g.tensors[operand].shape, g.tensors[indices_t], g.tensors[updates]
-    if tuple(dn.operand_batching_dims) or tuple(dn.scatter_indices_batching_dims) or \
-            len(dn.inserted_window_dims) != 1 or \
+    if len(dn.inserted_window_dims) != 1 or \
             tuple(dn.scatter_dims_to_operand_dims) != tuple(dn.inserted_window_dims) or \
             not idx.shape or idx.shape[-1] != 1 or ("FILL_OR_DROP" not in mode and "CLIP" not in mode):
         return None
     k = int(dn.inserted_window_dims[0])
+    if tuple(dn.operand_batching_dims) or tuple(dn.scatter_indices_batching_dims):
+        return _along_axis(ctx, eqn, ins, k)
     window_dims = tuple(int(d) for d in dn.update_window_dims)
     scatter_dims = tuple(d for d in range(upd.rank) if d not in window_dims)
     rest = tuple(op_shape[d] for d in range(len(op_shape)) if d != k)
@@ -144,20 +145,7 @@ def _one_hot_scatter_add(ctx: Ctx, eqn: Any, ins: list[int]) -> int | None:
     shape, dtype = _out(eqn)
     loc, b, n = _loc(eqn), ctx.b, op_shape[k]
     batch = idx.shape[:-1]
-    i = b.op("reshape", [indices_t], batch, idx.dtype, {}, loc, eqn.primitive.name)
-    if "CLIP" in mode:
-        lo, hi = (b.constant(np.asarray(v, idx.dtype), (), idx.dtype, loc) for v in (0, n - 1))
-        i = b.op("clamp", [b.op("broadcast_in_dim", [lo], batch, idx.dtype, {"broadcast_dimensions": ()},
-                                loc, eqn.primitive.name), i,
-                           b.op("broadcast_in_dim", [hi], batch, idx.dtype, {"broadcast_dimensions": ()},
-                                loc, eqn.primitive.name)], batch, idx.dtype, {}, loc, eqn.primitive.name)
-    hot_shape = batch + (n,)
-    ids = b.op("broadcast_in_dim", [i], hot_shape, idx.dtype,
-               {"broadcast_dimensions": tuple(range(len(batch)))}, loc, eqn.primitive.name)
-    cols = b.op("broadcast_in_dim", [b.op("iota", [], (n,), idx.dtype, {"dimension": 0}, loc,
-                                           eqn.primitive.name)],
-                hot_shape, idx.dtype, {"broadcast_dimensions": (len(batch),)}, loc, eqn.primitive.name)
-    hot = b.op("eq", [ids, cols], hot_shape, "bool", {}, loc, eqn.primitive.name)
+    hot = _one_hot(ctx, eqn, indices_t, n)
     rows = b.op("dot_general", [hot, updates], (n,) + rest, dtype,
                 {"lhs_contract": tuple(range(len(batch))), "rhs_contract": scatter_dims,
                  "lhs_batch": (), "rhs_batch": ()}, loc, eqn.primitive.name)
@@ -165,3 +153,49 @@ def _one_hot_scatter_add(ctx: Ctx, eqn: Any, ins: list[int]) -> int | None:
         perm = tuple(range(1, k + 1)) + (0,) + tuple(range(k + 1, len(op_shape)))
         rows = b.op("transpose", [rows], shape, dtype, {"permutation": perm}, loc, eqn.primitive.name)
     return b.op("add", [operand, rows], shape, dtype, {}, loc, eqn.primitive.name)
+
+
+def _one_hot(ctx: Ctx, eqn: Any, indices_t: int, n: int) -> int:
+    """(i == iota(n)) of shape batch + (n,) for start indices (batch..., 1); clip mode
+    clamps i into [0, n) first."""
+    b, loc, name = ctx.b, _loc(eqn), eqn.primitive.name
+    idx = b.graph.tensors[indices_t]
+    batch = idx.shape[:-1]
+    i = b.op("reshape", [indices_t], batch, idx.dtype, {}, loc, name)
+    if "CLIP" in str(eqn.params.get("mode")):
+        lo, hi = (b.op("broadcast_in_dim", [b.constant(np.asarray(v, idx.dtype), (), idx.dtype, loc)],
+                       batch, idx.dtype, {"broadcast_dimensions": ()}, loc, name) for v in (0, n - 1))
+        i = b.op("clamp", [lo, i, hi], batch, idx.dtype, {}, loc, name)
+    hot_shape = batch + (n,)
+    ids = b.op("broadcast_in_dim", [i], hot_shape, idx.dtype,
+               {"broadcast_dimensions": tuple(range(len(batch)))}, loc, name)
+    cols = b.op("broadcast_in_dim", [b.op("iota", [], (n,), idx.dtype, {"dimension": 0}, loc, name)],
+                hot_shape, idx.dtype, {"broadcast_dimensions": (len(batch),)}, loc, name)
+    return b.op("eq", [ids, cols], hot_shape, "bool", {}, loc, name)
+
+
+def _along_axis(ctx: Ctx, eqn: Any, ins: list[int], k: int) -> int | None:
+    """The transpose of take_along_axis(x, i, axis=k): every operand dim but k is a
+    batching dim of the indices (same position, same size), the updates have the
+    indices' shape without the vector dim; out[.., j, ..] += sum_c [i[.., c, ..] == j] u[.., c, ..]."""
+    operand, indices_t, updates = ins
+    dn = eqn.params["dimension_numbers"]
+    g = ctx.b.graph
+    op_shape, idx, upd = g.tensors[operand].shape, g.tensors[indices_t], g.tensors[updates]
+    rest = tuple(d for d in range(len(op_shape)) if d != k)
+    if tuple(dn.operand_batching_dims) != rest or tuple(dn.scatter_indices_batching_dims) != rest or \
+            tuple(dn.update_window_dims) or idx.shape[:-1] != upd.shape or upd.rank != len(op_shape) or \
+            any(upd.shape[d] != op_shape[d] for d in rest):
+        return None
+    shape, dtype = _out(eqn)
+    loc, b, n = _loc(eqn), ctx.b, op_shape[k]
+    hot = _one_hot(ctx, eqn, indices_t, n)
+    picked = b.op("dot_general", [hot, updates], tuple(op_shape[d] for d in rest) + (n,), dtype,
+                  {"lhs_contract": (k,), "rhs_contract": (k,), "lhs_batch": rest, "rhs_batch": rest},
+                  loc, eqn.primitive.name)
+    last = len(op_shape) - 1
+    if k != last:
+        picked = b.op("transpose", [picked], shape, dtype,
+                      {"permutation": tuple(range(k)) + (last,) + tuple(range(k, last))}, loc,
+                      eqn.primitive.name)
+    return b.op("add", [operand, picked], shape, dtype, {}, loc, eqn.primitive.name)
