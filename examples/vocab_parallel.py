@@ -10,7 +10,16 @@ picked by the same masked gather (each rank contributes the labels it holds,
 zeros for the others) and a psum.
 
 Ids and labels are taken modulo V on both sides, so any integer input is a
-valid token.
+valid token (the sequential `jnp.take` would fill out-of-range rows with NaN).
+The max subtracted before the exponentials is a constant shift
+(stop_gradient, as frameworks do). Also the training form: the gradients of
+the table and head shards (the gathers' transposes are scatter-adds at the
+masked ids).
+
+dlverify proves `ids % V` lies in [0, V) and that each rank keeps exactly the
+rows of ids - first in [0, V/TP), and relates the masked gathers (and their
+scatter-add gradients) to the sequential lookups as one-hot contractions
+(dlverify/index_ranges.py, dlverify/masked_gather.py, frontends/jaxpr/scatter.py).
 
 Buggy twins: the embedding mask drops each shard's first id (an off-by-one
 `<=` for `<`: those tokens get a zero embedding on every rank), and the target
