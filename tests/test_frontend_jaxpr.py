@@ -112,3 +112,26 @@ def test_out_spec_local_shape_mismatch_is_an_input_error():
     dist = _smap(lambda v: v, mesh, (P(None, "x"),), P(None, "x"))
     with pytest.raises(InputError, match="returns 2 arrays"):
         import_jax(lambda v: (v, v), dist, (x,))
+
+
+def _routing(x):
+    """MoE-style routing on rows held whole: top-2 experts and an argsort."""
+    vals, idx = jax.lax.top_k(x, 2)
+    order = jnp.argsort(x, axis=1)
+    return vals * idx.astype(x.dtype), order.astype(x.dtype) + jnp.sort(x, axis=1)
+
+
+def test_top_k_and_argsort_are_exported_per_result_and_verify():
+    from dlverify.api import verify_jax
+    mesh = _mesh((2,), ("dp",))
+    x = jax.ShapeDtypeStruct((8, 6), jnp.float32)
+    p = import_jax(_routing, _smap(_routing, mesh, (P("dp", None),), (P("dp", None), P("dp", None))), (x,))
+    kinds = [(op.kind, op.params.get("output")) for op in p.dist.ops if op.kind in ("top_k", "sort")]
+    assert sorted(kinds) == sorted([("top_k", 0), ("top_k", 1), ("sort", 0), ("sort", 1), ("sort", 0)])
+    good = verify_jax(_routing, _smap(_routing, mesh, (P("dp", None),), (P("dp", None), P("dp", None))),
+                      x, engine="clingo")
+    assert good.verified, [(f.op, f.line, f.message) for f in good.failures[:2]]
+    # the experts' dim split instead: top_k over a split axis is not the top-2 of the row
+    bad = verify_jax(_routing, _smap(_routing, mesh, (P(None, "dp"),), (P(), P(None, "dp")), False),
+                     jax.ShapeDtypeStruct((8, 4), jnp.float32), engine="clingo")
+    assert not bad.verified and bad.failures[0].op in ("top_k", "sort")

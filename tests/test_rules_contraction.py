@@ -114,6 +114,47 @@ def test_sorts_and_scans_along_a_whole_axis_keep_the_block(kind, params):
     assert t.run().result.verified
 
 
+def test_top_k_and_a_sort_of_several_operands_along_a_whole_axis_keep_the_rows():
+    # top_k (values and indices) and argsort (sort of values and an iota, result 1)
+    # on rows split over the ranks: every rank's rows of the sequential results.
+    t = Tiny()
+    xs, xd = t.input((4, 6), ("x", None))
+    out_pairs = []
+    for i in (0, 1):
+        dtype = "float32" if i == 0 else "int32"
+        ks = t.sop("top_k", [xs], (4, 2), axis=1, k=2, output=i)
+        kd = t.dop("top_k", [xd], (2, 2), axis=1, k=2, output=i)
+        t.seq.tensors[ks].dtype = t.dist.tensors[kd].dtype = dtype
+        out_pairs.append((ks, kd))
+    ios = t.sop("iota", [], (4, 6), dimension=1)
+    iod = t.dop("iota", [], (2, 6), dimension=1)
+    t.seq.tensors[ios].dtype = t.dist.tensors[iod].dtype = "int32"
+    ars = t.sop("sort", [xs, ios], (4, 6), dimension=1, num_keys=1, output=1)
+    ard = t.dop("sort", [xd, iod], (2, 6), dimension=1, num_keys=1, output=1)
+    t.seq.tensors[ars].dtype = t.dist.tensors[ard].dtype = "int32"
+    # a sort of several operands whose second operand is not related: no view
+    ys, yd = t.input((4, 6), ("x", None))
+    bad_s = t.sop("sort", [xs, ys], (4, 6), dimension=1, num_keys=1, output=1)
+    bad_d = t.dop("sort", [xd, xd], (2, 6), dimension=1, num_keys=1, output=1)
+    for s, d in out_pairs + [(ars, ard)]:
+        t.output(s, d, ("x", None))
+    out = t.run()
+    for s, d in out_pairs + [(ars, ard)]:
+        assert {v.offsets for v in out.views(s, d)} == {(0, 0), (2, 0)}, (s, d)
+    assert out.views(bad_s, bad_d) == []
+    assert out.result.verified
+
+
+def test_top_k_over_a_split_axis_has_no_view():
+    t = Tiny()
+    xs, xd = t.input((4, 6), (None, "x"))
+    ks = t.sop("top_k", [xs], (4, 2), axis=1, k=2, output=0)
+    kd = t.dop("top_k", [xd], (4, 2), axis=1, k=2, output=0)
+    t.output(ks, kd)
+    out = t.run()
+    assert out.views(ks, kd) == [] and not out.result.verified
+
+
 def test_a_scan_along_a_split_axis_has_no_view_and_cumsum_keeps_partial_terms():
     t = Tiny()
     xs, xd = t.input((4, 6), (None, "x"))

@@ -198,9 +198,29 @@ cummin = _scan(np.minimum.accumulate)
 
 
 def sort(call: Call) -> np.ndarray:
-    if len(call.ins) != 1:
-        raise NotExecutable("sort of several operands")
-    return np.sort(np.asarray(call.ins[0]), axis=call.params["dimension"], kind="stable")
+    """lax.sort: the operands sorted together along `dimension`, ordered by their
+    first `num_keys` operands lexicographically and stably (argsort sorts values
+    and an iota); the result is operand number `output` (default 0)."""
+    p = call.params
+    ax, keys, which = p["dimension"], int(p.get("num_keys", 1)), int(p.get("output", 0))
+    xs = [np.moveaxis(np.asarray(x), ax, -1) for x in call.ins]
+    if not 1 <= keys <= len(xs) or not 0 <= which < len(xs):
+        raise NotExecutable(f"sort with {len(xs)} operands, num_keys {keys}, output {which}")
+    order = np.lexsort(tuple(reversed(xs[:keys])), axis=-1)   # lexsort: the last key is primary
+    return np.moveaxis(np.take_along_axis(xs[which], order, axis=-1), -1, ax)
+
+
+def top_k(call: Call) -> np.ndarray:
+    """lax.top_k along `axis`: the k largest values in descending order, equal values
+    by ascending index; `output` 0 gives the values, 1 their indices."""
+    p = call.params
+    x = np.moveaxis(np.asarray(call.ins[0]), p["axis"], -1)
+    n = x.shape[-1]
+    # A stable ascending sort of the reversed row, read backwards: descending
+    # values, ties in ascending index, for every dtype (no negation overflow).
+    idx = (n - 1 - np.argsort(x[..., ::-1], axis=-1, kind="stable")[..., ::-1])[..., :p["k"]]
+    res = idx if p.get("output", 0) == 1 else np.take_along_axis(x, idx, axis=-1)
+    return np.moveaxis(res, -1, p["axis"])
 
 
 def dot_general(call: Call) -> np.ndarray:

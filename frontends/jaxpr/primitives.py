@@ -72,7 +72,6 @@ EXPORTERS["pad"] = _simple("pad", lambda e: {"padding_config": tuple(tuple(p) fo
 EXPORTERS["iota"] = _simple("iota", lambda e: {"dimension": int(e.params["dimension"])})
 EXPORTERS["dynamic_slice"] = _simple("dynamic_slice", lambda e: {"slice_sizes": tuple(int(s) for s in e.params["slice_sizes"])})
 EXPORTERS["dynamic_update_slice"] = _simple("dynamic_update_slice")
-EXPORTERS["sort"] = _simple("sort", lambda e: {"dimension": int(e.params["dimension"])})
 
 
 @exporter("stack")
