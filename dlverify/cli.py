@@ -455,7 +455,7 @@ def zoo(
     resume: bool = typer.Option(False, "--resume", help="keep the items an interrupted run finished"),
     rules: Optional[Path] = typer.Option(None, "--rules", help=RULES_HELP),
     report_dir: Path = typer.Option(Path("zoo-report"), "--report-dir", help="index.html, zoo.json, junit.xml, zoo.sarif"),
-    ray: Optional[str] = typer.Option(None, "--ray", help="auto | ADDRESS: the items as Ray tasks (pip install 'dlverify[ray]')"),
+    ray: Optional[str] = typer.Option(None, "--ray", help="auto | ADDRESS: the items as Ray tasks (pip install 'dlverify\\[ray]')"),
     patterns: Optional[list[Path]] = typer.Option(None, "--patterns", help=PATTERNS_HELP),
 ) -> None:
     """Verify a model zoo on a pool of processes, with a cache and an HTML report (see README)."""
