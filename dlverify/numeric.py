@@ -56,7 +56,20 @@ def view_error(run: Run, problem: Problem, v: ViewFact) -> float:
     s = np.asarray(run.seq[v.seq][0], dtype=np.float64)
     offs = tuple(max(o, 0) for o in v.offsets)
     want = float(scale_value(v.scale)) * _block(s, offs, d.shape)
-    return float(np.max(np.abs(d - want))) if d.size else 0.0
+    return value_error(d, want)
+
+
+def value_error(got: np.ndarray, want: np.ndarray) -> float:
+    """Largest |got - want|; where both hold the same non-finite value (NaN and NaN,
+    inf and inf) the entries agree, and any other NaN is an infinite error (a NaN
+    must never pass a `err > tol` check for lack of an order)."""
+    if not got.size:
+        return 0.0
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(got - want)
+    same = (np.isnan(got) & np.isnan(want)) | ((got == want) & ~np.isfinite(got))
+    diff = np.where(same, 0.0, np.where(np.isnan(diff), np.inf, diff))
+    return float(np.max(diff))
 
 
 def reduced_size(problem: Problem, op_id: int, axis: int) -> int:
@@ -90,5 +103,5 @@ def partial_sum_errors(run: Run, problem: Problem, views: list[ViewFact]) -> lis
         s = np.asarray(run.seq[s_id][0], dtype=np.float64)
         want = float(scale_value(scale)) * _block(s, tuple(max(o, 0) for o in offsets), total.shape)
         if want.shape == total.shape:
-            out.append((key, float(np.max(np.abs(total - want))) if total.size else 0.0))
+            out.append((key, value_error(total, want)))
     return out

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dlverify.interpret import NotExecutable
-from dlverify.numeric import _block, run_both
+from dlverify.numeric import _block, run_both, value_error
 from dlverify.problem import Problem
 from dlverify.verdict import Result
 
@@ -78,7 +78,7 @@ def witness(result: Result, seed: int = 0, max_bytes: int = MAX_BYTES) -> Witnes
         for r in range(p.mesh.size):
             got = np.asarray(run.dist[d][r], dtype=np.float64)
             want = _block(seq_val, rel.offsets[r], got.shape)
-            diff = float(np.max(np.abs(got - want))) if got.size else 0.0
+            diff = value_error(got, want)
             diffs.append(OutputDiff(names[i], r, diff, float(np.max(np.abs(want))) if want.size else 0.0))
     confirmed = any(o.max_abs_diff > RTOL * max(1.0, o.max_abs_value) for o in diffs)
     note = (f"no expected relation for {', '.join(unknown)} (give [outputs] in the spec) "
@@ -116,7 +116,7 @@ def _located(result: Result, run) -> str:
             want = _block(seq_val, offs, got.shape)
             if want.shape != got.shape:
                 return ""
-            diff = float(np.max(np.abs(got - want))) if got.size else 0.0
+            diff = value_error(got, want)
             return (f"at the located {op.kind} (line {op.loc.line}) on rank {r}: largest "
                     f"difference {diff:.3g} from the sequential {sop.kind} (line {sop.loc.line})")
     return ""
