@@ -172,6 +172,12 @@ def _uses(g: Graph) -> Counter:
     return c
 
 
+def _counts(g: Graph) -> dict[int, int]:
+    """Uses of every tensor of g, zero included."""
+    uses = _uses(g)
+    return {t: uses[t] for t in g.tensors}
+
+
 def _drop_newly_dead(g: Graph, unused_before: set[int]) -> None:
     """Remove ops whose output is used no more, except those already unused before
     the rewrite (a rewrite never removes what the program itself left dead)."""
@@ -197,6 +203,11 @@ def rewrite_graph(graph: Graph, ids: IdAllocator) -> bool:
 def rewrite(problem: Problem) -> None:
     """Rewrite both graphs of `problem` in place."""
     from dlverify.masked_gather import rewrite_masked_gathers   # imports this module
+    from dlverify.softmax_form import canonical_softmaxes
     rewrite_masked_gathers(problem)
+    unused = [{t for t, n in _counts(g).items() if n == 0} for g in (problem.seq, problem.dist)]
+    if canonical_softmaxes(problem.seq, problem.dist, problem.ids):
+        _drop_newly_dead(problem.seq, unused[0])
+        _drop_newly_dead(problem.dist, unused[1])
     rewrite_graph(problem.seq, problem.ids)
     rewrite_graph(problem.dist, problem.ids)

@@ -210,6 +210,16 @@ def sort(call: Call) -> np.ndarray:
     return np.moveaxis(np.take_along_axis(xs[which], order, axis=-1), -1, ax)
 
 
+def softmax(call: Call) -> np.ndarray:
+    """exp(x) / sum exp(x) along `axis` (computed shifted by the row max, the same
+    value over the reals); the canonical form of dlverify/softmax_form.py."""
+    x = np.asarray(call.ins[0])
+    ax = call.params["axis"]
+    with np.errstate(invalid="ignore", over="ignore"):
+        e = np.exp(x - np.max(x, axis=ax, keepdims=True))
+        return e / np.sum(e, axis=ax, keepdims=True)
+
+
 def top_k(call: Call) -> np.ndarray:
     """lax.top_k along `axis`: the k largest values in descending order, equal values
     by ascending index; `output` 0 gives the values, 1 their indices."""

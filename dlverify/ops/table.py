@@ -189,6 +189,8 @@ _KINDS: list[OpKind] = [
     OpKind("cummin", UNARY, F.SCAN, A.NONLINEAR, T.cummin, X.along_axis),
     OpKind("sort", at_least(1), F.SORT, A.NONLINEAR, T.sort, X.along_axis),
     OpKind("top_k", UNARY, F.SORT, A.NONLINEAR, T.top_k, X.along_axis),
+    # made by dlverify/softmax_form.py, never by a frontend: each row along `axis` alone
+    OpKind("softmax", UNARY, F.SCAN, A.NONLINEAR, T.softmax, X.along_axis),
     # collectives
     _collective("all_reduce", T.all_reduce, X.all_reduce),
     _collective("all_gather", T.all_gather, X.all_gather),
