@@ -231,6 +231,39 @@ def _rms_norm(spec: CustomCallSpec, L: "Lowerer", ins: "HloInstruction", ops: li
                f"{dim} ({spec.source})")
 
 
+@expansion("top_k")
+def _top_k(spec: CustomCallSpec, L: "Lowerer", ins: "HloInstruction", ops: list[Any],
+           loc: SourceLoc) -> tuple[Any, str]:
+    """XLA's TopK custom call (TopkRewriter, e.g. lax.top_k on CPU): (values,
+    indices) of the k largest along the last dim, k from the result shape. Its
+    `called_computations` comparator must order like a > b on the values, i.e.
+    the k largest (the CPU runtime applies XLA's total order itself)."""
+    from dlverify.frontends.hlo.comparator import comparator_order
+    from dlverify.frontends.hlo.ops.sorting import emit_top_k
+    if len(ops) != 1:
+        raise L.err(ins, f"custom call {spec.target} (top_k) needs exactly one operand")
+    x = L.tid(ins, ops[0])
+    names = [n.strip().lstrip("%") for n in (ins.attrs.get("called_computations") or "")
+             .strip().strip("{}").split(",") if n.strip()]
+    if len(names) != 1 or names[0] not in L.m.computations:
+        raise L.err(ins, f"custom call {spec.target} (top_k) needs one comparator in "
+                         f"called_computations")
+    res = ins.shape.elements if ins.shape.is_tuple else ()
+    if len(res) != 2 or not res[0].dims:
+        raise L.err(ins, f"custom call {spec.target} (top_k) declares the result {ins.shape}, "
+                         f"expected a (values, indices) tuple")
+    order = comparator_order(L, ins, L.m.computations[names[0]], [L.dtype_of(x), res[1].dtype])
+    if not order.descending:
+        raise L.unknown(ins, f"custom call {spec.target} (top_k) with a comparator that orders "
+                             f"ascending (the k smallest) is not supported")
+    # The comparator's notes on -0 and NaN concern the IR's sort; top_k orders
+    # like XLA's TopK runtime (a total order: +0 above -0, NaN largest).
+    k = res[0].dims[-1]
+    out = emit_top_k(L, ins, x, k, loc)
+    return out, (f"custom call {spec.target} assumed to compute lax.top_k({_names(spec, 1)}, k={k}): "
+                 f"the k largest along the last dim, equal values by lower index ({spec.source})")
+
+
 def _np(dtype: str) -> Any:
     from dlverify.frontends.hlo.model import np_dtype
     return np_dtype(dtype)

@@ -222,15 +222,48 @@ def softmax(call: Call) -> np.ndarray:
 
 def top_k(call: Call) -> np.ndarray:
     """lax.top_k along `axis`: the k largest values in descending order, equal values
-    by ascending index; `output` 0 gives the values, 1 their indices."""
+    by ascending index, +0 above -0 (XLA's total order); `output` 0 gives the
+    values, 1 their indices."""
     p = call.params
     x = np.moveaxis(np.asarray(call.ins[0]), p["axis"], -1)
     n = x.shape[-1]
     # A stable ascending sort of the reversed row, read backwards: descending
     # values, ties in ascending index, for every dtype (no negation overflow).
-    idx = (n - 1 - np.argsort(x[..., ::-1], axis=-1, kind="stable")[..., ::-1])[..., :p["k"]]
+    xr = x[..., ::-1]
+    if is_exact(xr):
+        order = np.argsort(xr, axis=-1, kind="stable")
+    else:   # equal floats: -0 below +0 (np.lexsort: the last key is primary)
+        xr = xr.astype(np.float64)
+        order = np.lexsort((~np.signbit(xr), xr), axis=-1)
+    idx = (n - 1 - order[..., ::-1])[..., :p["k"]]
     res = idx if p.get("output", 0) == 1 else np.take_along_axis(x, idx, axis=-1)
     return np.moveaxis(res, -1, p["axis"])
+
+
+def _storage_dtype(name: str) -> np.dtype:
+    """The numpy type that stores IR element type `name` (ml_dtypes for bfloat16
+    and the float8 types)."""
+    try:
+        return np.dtype(name)
+    except TypeError:
+        import ml_dtypes  # shipped with jaxlib
+        try:
+            return np.dtype(getattr(ml_dtypes, name))
+        except AttributeError:
+            raise NotExecutable(f"no storage type for element type {name}") from None
+
+
+def bitcast_convert(call: Call) -> np.ndarray:
+    """XLA's bitcast-convert between element types of one width: the operand,
+    stored in its element type `from`, read as the result's element type (the
+    float -> ordered-integer trick of sort comparators)."""
+    src, dst = _storage_dtype(call.params["from"]), _storage_dtype(call.out_dtype)
+    if src.itemsize != dst.itemsize:
+        raise NotExecutable(f"bitcast-convert {src} -> {dst} changes the width")
+    x = np.asarray(call.ins[0])
+    if is_exact(x) != (src.kind in "iub"):
+        raise NotExecutable(f"bitcast-convert from {call.params['from']} of a {x.dtype} value")
+    return np.ascontiguousarray(x.astype(src)).view(dst)
 
 
 def dot_general(call: Call) -> np.ndarray:

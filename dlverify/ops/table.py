@@ -202,6 +202,9 @@ _KINDS: list[OpKind] = [
     OpKind("axis_index", NULLARY, F.SOURCE, A.NONE, E.axis_index, X.only_signature),
     OpKind("rng_bit_generator", at_least(0), F.OPAQUE, A.NONLINEAR, None, X.only_signature),
     OpKind("custom_call", at_least(0), F.OPAQUE, A.NONLINEAR, None, X.only_signature),
+    # evaluated (sort comparators are probed with it), but related by no rule: two
+    # equal reals need not have equal bits
+    OpKind("bitcast_convert", UNARY, F.OPAQUE, A.NONLINEAR, T.bitcast_convert, X.only_signature),
 ]
 
 KINDS: dict[str, OpKind] = {k.name: k for k in _KINDS}

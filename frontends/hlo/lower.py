@@ -84,6 +84,13 @@ class Lowerer:
         self.known: dict[int, np.ndarray] = {}
         self.assumptions: list[str] = []
         self.custom_calls: dict[str, int] = {}
+        # Set only while a sort comparator is lowered to be evaluated on probe
+        # values (frontends/hlo/comparator.py): bit reinterpretations
+        # (bitcast-convert) become the evaluable, rule-less `bitcast_convert`
+        # and total-order compares are spelled out; in a program they stay
+        # unknown ops.
+        self.bit_reinterpretation = False
+        self.comparator_orders: dict[tuple[str, tuple[str, ...]], Any] = {}
         self._frame_cache: dict[int, tuple[Frame, ...]] = {}
         self._source_cache: dict[tuple[str, str], tuple[Frame, ...]] = {}
         fr = module.frames.stack_frames

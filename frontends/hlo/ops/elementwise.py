@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dlverify.frontends.hlo.model import HloComputation, HloInstruction
+import numpy as np
+
+from dlverify.frontends.hlo.model import HloComputation, HloInstruction, np_dtype
 from dlverify.frontends.hlo.ops.registry import Val, handler
-from dlverify.ir import SourceLoc
+from dlverify.ir import SourceLoc, is_float_dtype
 from dlverify.ops.dtypes import convert_kind
 
 if TYPE_CHECKING:
@@ -45,7 +47,33 @@ def _compare(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputati
     d = (ins.attrs.get("direction") or "").strip()
     if d not in _COMPARE:
         raise L.err(ins, f"compare without a known direction (got {d!r})")
+    if L.bit_reinterpretation and (ins.attrs.get("type") or "").strip() == "TOTALORDER":
+        return _total_order_compare(L, ins, ops, loc, _COMPARE[d])
     return L.elementwise(ins, _COMPARE[d], ops, loc)
+
+
+def _total_order_compare(L: Lowerer, ins: HloInstruction, ops: list[Val], loc: SourceLoc,
+                         kind: str) -> int:
+    """XLA's `type=TOTALORDER` float compare, in a comparator being evaluated:
+    the floats' bits read as signed integers, negatives flipped to
+    `x ^ INT_MAX` (so -0 < +0 and NaN orders by its sign), compared as
+    integers; exactly how XLA expands it."""
+    a, b = (L.tid(ins, v) for v in ops)
+    src = L.dtype_of(a)
+    if not is_float_dtype(src):
+        return L.elementwise(ins, kind, ops, loc)
+    bits = np_dtype(src).itemsize * 8
+    it = f"int{bits}"
+    shape = L.shape_of(a)
+    zero = L.b.constant(np.zeros(shape, np.dtype(it)), shape, it, loc, ins.name)
+    top = L.b.constant(np.full(shape, 2 ** (bits - 1) - 1, np.dtype(it)), shape, it, loc, ins.name)
+    keys = []
+    for x in (a, b):
+        i = L.emit("bitcast_convert", [x], shape, it, {"from": src}, loc, ins.name)
+        neg = L.emit("lt", [i, zero], shape, "bool", {}, loc, ins.name)
+        flip = L.emit("xor", [top, i], shape, it, {}, loc, ins.name)
+        keys.append(L.emit("select_n", [neg, i, flip], shape, it, {}, loc, ins.name))
+    return L.emit(kind, keys, L.array_shape(ins).dims, "bool", {}, loc, ins.name)
 
 
 @handler("select")
@@ -91,4 +119,18 @@ def _bitcast_convert(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloC
     t = L.tid(ins, ops[0])
     if L.dtype_of(t) == ins.shape.dtype and L.shape_of(t) == ins.shape.dims:
         return t
-    raise L.unknown(ins, "bitcast-convert reinterprets bits: no translation")
+    return reinterpret_bits(L, ins, t, loc)
+
+
+def reinterpret_bits(L: Lowerer, ins: HloInstruction, t: int, loc: SourceLoc) -> int:
+    """A bitcast between element types of one width, same shape: only inside a
+    comparator being evaluated (see Lowerer.bit_reinterpretation)."""
+    sh = L.array_shape(ins)
+    src = L.dtype_of(t)
+    if not L.bit_reinterpretation:
+        raise L.unknown(ins, f"{ins.opcode} reinterprets the bits of {src} as {sh.dtype}: no "
+                             f"translation")
+    if L.shape_of(t) != sh.dims or np_dtype(src).itemsize != np_dtype(sh.dtype).itemsize:
+        raise L.unknown(ins, f"{ins.opcode} {src}{list(L.shape_of(t))} -> {sh} changes the width "
+                             f"or shape")
+    return L.emit("bitcast_convert", [t], sh.dims, sh.dtype, {"from": src}, loc, ins.name)

@@ -12,6 +12,7 @@ import numpy as np
 from dlverify.frontends.hlo.attributes import ints
 from dlverify.frontends.hlo.model import np_dtype
 from dlverify.frontends.hlo.model import HloComputation, HloInstruction
+from dlverify.frontends.hlo.ops.elementwise import reinterpret_bits
 from dlverify.frontends.hlo.ops.registry import Async, Val, handler
 from dlverify.ir import SourceLoc
 
@@ -115,6 +116,8 @@ def _bitcast(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputati
     if src.is_tuple:
         raise L.err(ins, "bitcast of a tuple")
     if src.dtype != sh.dtype:
+        if src.dims == sh.dims and L.bit_reinterpretation:
+            return reinterpret_bits(L, ins, t, loc)
         raise L.unknown(ins, f"bitcast changes the element type {src.dtype} -> {sh.dtype}")
     if int(np.prod(src.dims)) != int(np.prod(sh.dims)):
         raise L.err(ins, f"bitcast {src} -> {sh} changes the element count")

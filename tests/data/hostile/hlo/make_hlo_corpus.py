@@ -46,6 +46,20 @@ ADD = """%add (a: f32[], b: f32[]) -> f32[] {
   ROOT %s = f32[] add(%a, %b)
 }
 """
+BY_INDEX = """%by_index (a: f32[], b: f32[], c: s32[], d: s32[]) -> pred[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  %c = s32[] parameter(2)
+  %d = s32[] parameter(3)
+  ROOT %lt = pred[] compare(%c, %d), direction=LT
+}
+"""
+LE = """%le (a: f32[], b: f32[]) -> pred[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %le = pred[] compare(%a, %b), direction=LE
+}
+"""
 P8 = "  %p = f32[8]{0} parameter(0)"
 P23 = "  %p = f32[2,3]{1,0} parameter(0)"
 
@@ -108,6 +122,20 @@ CASES = [
             "@@  ROOT %s = f32[6,4]{1,0} scatter(%x, %i, %u), update_window_dims={1}, "
             "inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=%add",
             before=ADD), "scatter into"),
+    # sorting: the comparator is evaluated on probe values (frontends/hlo/comparator.py)
+    HloCase("sort_comparator_other_operand.hlo", entry(P8, "  %i = s32[8]{0} iota(), iota_dimension=0",
+            "@@  %s = (f32[8]{0}, s32[8]{0}) sort(%p, %i), dimensions={0}, to_apply=%by_index",
+            "  ROOT %v = f32[8]{0} get-tuple-element(%s), index=0", before=BY_INDEX),
+            "does not order like a < b or a > b", ("--ranks", "2")),
+    HloCase("sort_comparator_not_strict.hlo", entry(
+            P8, "@@  ROOT %s = f32[8]{0} sort(%p), dimensions={0}, to_apply=%le", before=LE),
+            "does not order like a < b or a > b", ("--ranks", "2")),
+    HloCase("sort_result_shape.hlo", entry(
+            P8, "@@  ROOT %s = f32[9]{0} sort(%p), dimensions={0}, to_apply=%le", before=LE),
+            "sort operands must share", ("--ranks", "2")),
+    HloCase("topk_smallest.hlo", entry(
+            P23, "@@  %t = (f32[2,2]{1,0}, s32[2,2]{1,0}) topk(%p), k=2, largest=false",
+            "  ROOT %v = f32[2,2]{1,0} get-tuple-element(%t), index=0"), "largest=false", ("--ranks", "2")),
     # contractions and reductions
     HloCase("dot_contracting.hlo", entry("  %a = f32[4,8]{1,0} parameter(0)", "  %b = f32[7,5]{1,0} parameter(1)",
             "@@  ROOT %d = f32[4,5]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}"),
