@@ -85,12 +85,12 @@ def parse_registry(text: str, source: str) -> dict[str, CustomCallSpec]:
         if not isinstance(operands, list) or not all(isinstance(o, str) for o in operands):
             raise InputError(f"custom call {target}: operands must be a list of names", source, line)
         opts = {k: v for k, v in entry.items() if k not in ("expand", "operands")}
-        if exp == "rms_norm":
+        if exp in ("rms_norm", "softmax"):
             dim = opts.get("dim")
             if not (isinstance(dim, int) and not isinstance(dim, bool)) and dim != "backend_config":
-                raise InputError(f"custom call {target}: rms_norm needs dim = <int> or "
+                raise InputError(f"custom call {target}: {exp} needs dim = <int> or "
                                  f"\"backend_config\"", source, line)
-            if len(operands) != 3:
+            if exp == "rms_norm" and len(operands) != 3:
                 raise InputError(f"custom call {target}: rms_norm takes 3 operands (input, weight, "
                                  f"epsilon)", source, line)
         if exp == "unary":
@@ -179,15 +179,9 @@ def _silu(spec: CustomCallSpec, L: "Lowerer", ins: "HloInstruction", ops: list[A
                f"x * logistic(x) ({spec.source})")
 
 
-@expansion("rms_norm")
-def _rms_norm(spec: CustomCallSpec, L: "Lowerer", ins: "HloInstruction", ops: list[Any],
-              loc: SourceLoc) -> tuple[int, str]:
-    """y = x * rsqrt(sum(x * x over dim) / n + eps) * w, w broadcast along dim."""
-    if len(ops) != 3:
-        raise L.err(ins, f"custom call {spec.target} (rms_norm) needs (input, weight, epsilon)")
-    x, w, eps = (L.tid(ins, v) for v in ops)
-    xs, dt = L.shape_of(x), L.dtype_of(x)
-    out = L.array_shape(ins)
+def _normalised_dim(spec: CustomCallSpec, L: "Lowerer", ins: "HloInstruction", rank: int) -> int:
+    """The `dim` option: an integer, or the call's backend_config string
+    (torch-neuronx writes str(dim) there); negative counts from the end."""
     dim_opt = spec.options["dim"]
     if dim_opt == "backend_config":
         bc = (ins.attrs.get("backend_config") or "").strip().strip('"')
@@ -198,9 +192,87 @@ def _rms_norm(spec: CustomCallSpec, L: "Lowerer", ins: "HloInstruction", ops: li
     else:
         dim = int(dim_opt)
     if dim < 0:
-        dim += len(xs)
-    if not 0 <= dim < len(xs):
-        raise L.err(ins, f"custom call {spec.target}: dim {dim} outside the rank-{len(xs)} input")
+        dim += rank
+    if not 0 <= dim < rank:
+        raise L.err(ins, f"custom call {spec.target}: dim {dim} outside the rank-{rank} input")
+    return dim
+
+
+def _splat(L: "Lowerer", value: float, shape: tuple[int, ...], dtype: str, loc: SourceLoc,
+           name: str) -> int:
+    """A known scalar constant broadcast to `shape`."""
+    val = np.array(value, dtype=_np(dtype))
+    c = L.b.constant(val, (), dtype, loc, name)
+    L.known[c] = val
+    return L.emit("broadcast_in_dim", [c], shape, dtype, {"broadcast_dimensions": ()}, loc, name)
+
+
+def _normal_cdf(L: "Lowerer", x: int, loc: SourceLoc, name: str) -> int:
+    """Phi(x) = (1 + erf(x / sqrt(2))) / 2, with sqrt(2) computed (exact over the reals)."""
+    xs, dt = L.shape_of(x), L.dtype_of(x)
+    root2 = L.emit("sqrt", [_splat(L, 2.0, xs, dt, loc, name)], xs, dt, {}, loc, name)
+    e = L.emit("erf", [L.emit("div", [x, root2], xs, dt, {}, loc, name)], xs, dt, {}, loc, name)
+    one_e = L.emit("add", [_splat(L, 1.0, xs, dt, loc, name), e], xs, dt, {}, loc, name)
+    return L.emit("mul", [one_e, _splat(L, 0.5, xs, dt, loc, name)], xs, dt, {}, loc, name)
+
+
+@expansion("gelu")
+def _gelu(spec: CustomCallSpec, L: "Lowerer", ins: "HloInstruction", ops: list[Any],
+          loc: SourceLoc) -> tuple[int, str]:
+    """The exact (erf) GELU: x * Phi(x)."""
+    x, out = _one_operand_same_shape(spec, L, ins, ops, "gelu")
+    y = L.emit("mul", [x, _normal_cdf(L, x, loc, ins.name)], out.dims, out.dtype, {}, loc, ins.name)
+    return y, (f"custom call {spec.target} assumed to compute the exact GELU "
+               f"x * (1 + erf(x / sqrt(2))) / 2 of {_names(spec, 1)} ({spec.source})")
+
+
+@expansion("gelu_backward")
+def _gelu_backward(spec: CustomCallSpec, L: "Lowerer", ins: "HloInstruction", ops: list[Any],
+                   loc: SourceLoc) -> tuple[int, str]:
+    """The derivative of the exact GELU: Phi(x) + x * exp(-x^2 / 2) / sqrt(2 pi)."""
+    x, out = _one_operand_same_shape(spec, L, ins, ops, "gelu_backward")
+    xs, dt, name = out.dims, L.dtype_of(x), ins.name
+    sq = L.emit("mul", [x, x], xs, dt, {}, loc, name)
+    half_sq = L.emit("mul", [sq, _splat(L, -0.5, xs, dt, loc, name)], xs, dt, {}, loc, name)
+    pdf = L.emit("mul", [L.emit("exp", [half_sq], xs, dt, {}, loc, name),
+                         _splat(L, 1.0 / np.sqrt(2.0 * np.pi), xs, dt, loc, name)], xs, dt, {},
+                 loc, name)
+    xpdf = L.emit("mul", [x, pdf], xs, dt, {}, loc, name)
+    y = L.emit("add", [_normal_cdf(L, x, loc, name), xpdf], xs, out.dtype, {}, loc, name)
+    return y, (f"custom call {spec.target} assumed to compute the derivative of the exact GELU, "
+               f"Phi(x) + x * exp(-x^2/2) / sqrt(2 pi) of {_names(spec, 1)} ({spec.source})")
+
+
+@expansion("softmax")
+def _softmax(spec: CustomCallSpec, L: "Lowerer", ins: "HloInstruction", ops: list[Any],
+             loc: SourceLoc) -> tuple[int, str]:
+    """exp(x - max) / sum(exp(x - max)) over dim, max and sum broadcast back along it."""
+    x, out = _one_operand_same_shape(spec, L, ins, ops, "softmax")
+    xs, dt, name = out.dims, L.dtype_of(x), ins.name
+    dim = _normalised_dim(spec, L, ins, len(xs))
+    rest = tuple(s for i, s in enumerate(xs) if i != dim)
+    keep = {"broadcast_dimensions": tuple(i for i in range(len(xs)) if i != dim)}
+    mx = L.emit("reduce_max", [x], rest, dt, {"axes": (dim,)}, loc, name)
+    shifted = L.emit("sub", [x, L.emit("broadcast_in_dim", [mx], xs, dt, keep, loc, name)], xs, dt,
+                     {}, loc, name)
+    e = L.emit("exp", [shifted], xs, dt, {}, loc, name)
+    total = L.emit("reduce_sum", [e], rest, dt, {"axes": (dim,)}, loc, name)
+    y = L.emit("div", [e, L.emit("broadcast_in_dim", [total], xs, dt, keep, loc, name)], xs,
+               out.dtype, {}, loc, name)
+    return y, (f"custom call {spec.target} assumed to compute softmax({_names(spec, 1)}) = "
+               f"exp(x - max) / sum(exp(x - max)) over dim {dim} ({spec.source})")
+
+
+@expansion("rms_norm")
+def _rms_norm(spec: CustomCallSpec, L: "Lowerer", ins: "HloInstruction", ops: list[Any],
+              loc: SourceLoc) -> tuple[int, str]:
+    """y = x * rsqrt(sum(x * x over dim) / n + eps) * w, w broadcast along dim."""
+    if len(ops) != 3:
+        raise L.err(ins, f"custom call {spec.target} (rms_norm) needs (input, weight, epsilon)")
+    x, w, eps = (L.tid(ins, v) for v in ops)
+    xs, dt = L.shape_of(x), L.dtype_of(x)
+    out = L.array_shape(ins)
+    dim = _normalised_dim(spec, L, ins, len(xs))
     if out.dims != xs:
         raise L.err(ins, f"custom call {spec.target}: result shape {out.dims} differs from the "
                          f"input shape {xs}")

@@ -1,0 +1,118 @@
+"""The torch-neuronx custom calls AwsNeuronGelu, AwsNeuronGeluBackward and
+AwsNeuronSoftmax (dlverify/custom_calls.toml): expanded into IR ops that
+compute what JAX computes for the same definitions (torch_neuronx
+xla_impl/ops.py: the exact erf GELU, its derivative, softmax over the
+backend_config dim); elementwise calls and a softmax over a dim each rank holds
+whole verify, a softmax over a split dim does not and is located at its line;
+malformed calls are one-line errors."""
+# XLA_FLAGS (8 host devices, explicit replica groups): tests/conftest.py
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from rulekit import assert_views_hold  # noqa: E402
+
+from dlverify.errors import InputError  # noqa: E402
+from dlverify.frontends.hlo import hlo_to_graph, parse_hlo_module  # noqa: E402
+from dlverify.hlo_api import verify_hlo  # noqa: E402
+from dlverify.interpret import Interpreter  # noqa: E402
+from dlverify.ir import IdAllocator  # noqa: E402
+
+CALL_LINE = 5
+
+
+def module(target: str, rows: int, parts: int = 1, backend_config: str | None = None,
+           dtype: str = "f32") -> str:
+    bc = f', backend_config="{backend_config}"' if backend_config is not None else ""
+    return f"""HloModule m, num_partitions={parts}
+
+ENTRY %main (x: {dtype}[{rows},6]) -> {dtype}[{rows},6] {{
+  %x = {dtype}[{rows},6]{{1,0}} parameter(0)
+  ROOT %y = {dtype}[{rows},6]{{1,0}} custom-call(%x), custom_call_target="{target}", api_version=API_VERSION_UNSPECIFIED{bc}
+}}
+"""
+
+
+def lower(text: str):
+    return hlo_to_graph(parse_hlo_module(text, "t.hlo"), IdAllocator(), "g")
+
+
+def gelu(v):
+    return jax.nn.gelu(v, approximate=False)
+
+
+REFERENCE = {
+    "AwsNeuronGelu": (None, gelu),
+    "AwsNeuronGeluBackward": (None, jax.vmap(jax.vmap(jax.grad(gelu)))),
+    "AwsNeuronSoftmax": ("1", lambda v: jax.nn.softmax(v, axis=1)),
+}
+
+
+@pytest.mark.parametrize("target", sorted(REFERENCE))
+def test_expansion_computes_the_definition(target):
+    cfg, fn = REFERENCE[target]
+    g, info = lower(module(target, 8, backend_config=cfg))
+    x = (np.random.default_rng(0).standard_normal((8, 6)) * 3).astype(np.float32)
+    x[0, :3] = [0.0, -0.0, 40.0]
+    got = Interpreter(g, 1).run([[x]])[g.outputs[0]][0]
+    np.testing.assert_allclose(got, np.asarray(fn(x)), rtol=2e-6, atol=1e-6)
+    assert len(info.assumptions) == 1 and target in info.assumptions[0] \
+        and "dlverify/custom_calls.toml" in info.assumptions[0]
+    assert info.custom_calls == {target: 1}
+
+
+def test_softmax_dim_from_backend_config_and_errors():
+    g, _ = lower(module("AwsNeuronSoftmax", 8, backend_config="-2"))
+    reduce_ops = [op for op in g.ops if op.kind in ("reduce_max", "reduce_sum")]
+    assert [op.params for op in reduce_ops] == [{"axes": (0,)}, {"axes": (0,)}]
+    for cfg, msg in [(None, "is not the normalised dim"), ("2", "outside the rank-2 input")]:
+        with pytest.raises(InputError) as ei:
+            lower(module("AwsNeuronSoftmax", 8, backend_config=cfg))
+        assert ei.value.line == CALL_LINE and msg in ei.value.message
+
+
+def test_two_operands_are_an_error_naming_the_line():
+    text = module("AwsNeuronGelu", 8).replace("custom-call(%x)", "custom-call(%x, %x)")
+    with pytest.raises(InputError) as ei:
+        lower(text)
+    assert (ei.value.file, ei.value.line) == ("t.hlo", CALL_LINE)
+    assert "registry" in ei.value.message and "\n" not in str(ei.value)
+
+
+@pytest.mark.parametrize("target,cfg", [("AwsNeuronGelu", None), ("AwsNeuronGeluBackward", None),
+                                        ("AwsNeuronSoftmax", "1")])
+def test_rows_held_whole_verify(tmp_path, target, cfg):
+    seq, dist = tmp_path / "seq.hlo", tmp_path / "dist.hlo"
+    seq.write_text(module(target, 8, backend_config=cfg))
+    dist.write_text(module(target, 4, parts=2, backend_config=cfg))
+    res = verify_hlo(seq, dist)
+    assert res.verified, [f.message for f in res.failures[:3]]
+    assert res.outputs == ["out0 = concat(r0.out0, r1.out0; dim 0)"]
+    assert_views_hold(res.problem, res.views, seeds=(0,))
+
+
+def test_softmax_over_a_split_dim_is_not_verified_and_located(tmp_path):
+    seq, dist = tmp_path / "seq.hlo", tmp_path / "dist.hlo"
+    seq.write_text(module("AwsNeuronSoftmax", 8, backend_config="0"))
+    dist.write_text(module("AwsNeuronSoftmax", 4, parts=2, backend_config="0"))
+    res = verify_hlo(seq, dist)
+    assert not res.verified
+    assert (res.failures[0].file, res.failures[0].line) == (str(dist), CALL_LINE)
+
+
+def test_cli_unknown_neuron_target_exit_2(tmp_path):
+    from typer.testing import CliRunner
+
+    from dlverify.cli import app
+    path = tmp_path / "m.hlo"
+    path.write_text(module("AwsNeuronSoftmaxBackward", 8))
+    r = CliRunner().invoke(app, ["check", str(path), str(path), "--ranks", "1"])
+    assert r.exit_code == 2
+    assert f"{path}:{CALL_LINE}:" in r.output and "AwsNeuronSoftmaxBackward" in r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+def test_registry_rejects_softmax_without_dim():
+    from dlverify.frontends.custom_calls import parse_registry
+    with pytest.raises(InputError) as ei:
+        parse_registry('S = { expand = "softmax", operands = ["x"] }\n', "r.toml")
+    assert ei.value.line == 1 and "softmax needs dim" in ei.value.message
