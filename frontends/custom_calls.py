@@ -198,22 +198,13 @@ def _normalised_dim(spec: CustomCallSpec, L: "Lowerer", ins: "HloInstruction", r
     return dim
 
 
-def _splat(L: "Lowerer", value: float, shape: tuple[int, ...], dtype: str, loc: SourceLoc,
-           name: str) -> int:
-    """A known scalar constant broadcast to `shape`."""
-    val = np.array(value, dtype=_np(dtype))
-    c = L.b.constant(val, (), dtype, loc, name)
-    L.known[c] = val
-    return L.emit("broadcast_in_dim", [c], shape, dtype, {"broadcast_dimensions": ()}, loc, name)
-
-
 def _normal_cdf(L: "Lowerer", x: int, loc: SourceLoc, name: str) -> int:
     """Phi(x) = (1 + erf(x / sqrt(2))) / 2, with sqrt(2) computed (exact over the reals)."""
     xs, dt = L.shape_of(x), L.dtype_of(x)
-    root2 = L.emit("sqrt", [_splat(L, 2.0, xs, dt, loc, name)], xs, dt, {}, loc, name)
+    root2 = L.emit("sqrt", [L.splat(2.0, xs, dt, loc, name)], xs, dt, {}, loc, name)
     e = L.emit("erf", [L.emit("div", [x, root2], xs, dt, {}, loc, name)], xs, dt, {}, loc, name)
-    one_e = L.emit("add", [_splat(L, 1.0, xs, dt, loc, name), e], xs, dt, {}, loc, name)
-    return L.emit("mul", [one_e, _splat(L, 0.5, xs, dt, loc, name)], xs, dt, {}, loc, name)
+    one_e = L.emit("add", [L.splat(1.0, xs, dt, loc, name), e], xs, dt, {}, loc, name)
+    return L.emit("mul", [one_e, L.splat(0.5, xs, dt, loc, name)], xs, dt, {}, loc, name)
 
 
 @expansion("gelu")
@@ -233,9 +224,9 @@ def _gelu_backward(spec: CustomCallSpec, L: "Lowerer", ins: "HloInstruction", op
     x, out = _one_operand_same_shape(spec, L, ins, ops, "gelu_backward")
     xs, dt, name = out.dims, L.dtype_of(x), ins.name
     sq = L.emit("mul", [x, x], xs, dt, {}, loc, name)
-    half_sq = L.emit("mul", [sq, _splat(L, -0.5, xs, dt, loc, name)], xs, dt, {}, loc, name)
+    half_sq = L.emit("mul", [sq, L.splat(-0.5, xs, dt, loc, name)], xs, dt, {}, loc, name)
     pdf = L.emit("mul", [L.emit("exp", [half_sq], xs, dt, {}, loc, name),
-                         _splat(L, 1.0 / np.sqrt(2.0 * np.pi), xs, dt, loc, name)], xs, dt, {},
+                         L.splat(1.0 / np.sqrt(2.0 * np.pi), xs, dt, loc, name)], xs, dt, {},
                  loc, name)
     xpdf = L.emit("mul", [x, pdf], xs, dt, {}, loc, name)
     y = L.emit("add", [_normal_cdf(L, x, loc, name), xpdf], xs, out.dtype, {}, loc, name)

@@ -23,7 +23,7 @@ from dlverify.frontends.hlo.attributes import (HloSharding, parse_metadata, pars
                                                parse_sharding)
 from dlverify.frontends.hlo.fold import KNOWN_LIMIT, eval_small
 from dlverify.frontends.hlo.model import (MAX_RANKS, HloComputation, HloInstruction, HloModule,
-                                          HloShape)
+                                          HloShape, np_dtype)
 from dlverify.frontends.hlo.ops import HANDLERS, Val
 from dlverify.frontends.hlo.parse import single_line
 from dlverify.ir import Frame, Graph, GraphBuilder, IdAllocator, SourceLoc, is_float_dtype
@@ -242,6 +242,16 @@ class Lowerer:
             # A malformed instruction the handler did not anticipate: still
             # one line naming the instruction, never a traceback.
             raise self.err(ins, f"malformed {op} instruction ({type(e).__name__}: {e})") from e
+
+    def splat(self, value: float, shape: tuple[int, ...], dtype: str, loc: SourceLoc,
+              name: str) -> int:
+        """A known scalar constant (exact in `dtype`) broadcast to `shape`: the
+        literals of expansions (custom calls, batch norms)."""
+        val = np.array(value, dtype=np_dtype(dtype))
+        c = self.b.constant(val, (), dtype, loc, name)
+        self.known[c] = val
+        return self.emit("broadcast_in_dim", [c], shape, dtype, {"broadcast_dimensions": ()}, loc,
+                         name)
 
     def elementwise(self, ins: HloInstruction, kind: str, ops: list[Val], loc: SourceLoc,
                     params: dict | None = None) -> int:

@@ -136,6 +136,11 @@ CASES = [
     HloCase("topk_smallest.hlo", entry(
             P23, "@@  %t = (f32[2,2]{1,0}, s32[2,2]{1,0}) topk(%p), k=2, largest=false",
             "  ROOT %v = f32[2,2]{1,0} get-tuple-element(%t), index=0"), "largest=false", ("--ranks", "2")),
+    HloCase("batch_norm_feature_index.hlo", entry(
+            P23, "  %s = f32[3]{0} parameter(1)",
+            "@@  %t = (f32[2,3]{1,0}, f32[3]{0}, f32[3]{0}) batch-norm-training(%p, %s, %s), "
+            "epsilon=0.001, feature_index=2",
+            "  ROOT %y = f32[2,3]{1,0} get-tuple-element(%t), index=0"), "feature_index", ("--ranks", "2")),
     # contractions and reductions
     HloCase("dot_contracting.hlo", entry("  %a = f32[4,8]{1,0} parameter(0)", "  %b = f32[7,5]{1,0} parameter(1)",
             "@@  ROOT %d = f32[4,5]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}"),
