@@ -9,11 +9,10 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from rulekit import assert_views_hold  # noqa: E402
+from hlo_pairs import assert_pair_verifies, verify_texts  # noqa: E402
 
 from dlverify.errors import InputError  # noqa: E402
 from dlverify.frontends.hlo import hlo_to_graph, parse_hlo_module  # noqa: E402
-from dlverify.hlo_api import verify_hlo  # noqa: E402
 from dlverify.interpret import Interpreter  # noqa: E402
 from dlverify.ir import IdAllocator  # noqa: E402
 
@@ -88,24 +87,16 @@ ENTRY %main (x: f32[{rows},{features}], s: f32[{features}], o: f32[{features}]) 
 
 
 def test_split_features_verify(tmp_path):
-    seq, dist = tmp_path / "seq.hlo", tmp_path / "dist.hlo"
-    seq.write_text(pair_module(8, 6, 1))
-    dist.write_text(pair_module(8, 3, 2))
-    res = verify_hlo(seq, dist)
-    assert res.verified, [f.message for f in res.failures[:3]]
-    assert res.outputs == ["out0 = concat(r0.out0, r1.out0; dim 1)"]
-    assert_views_hold(res.problem, res.views, seeds=(0,))
+    assert_pair_verifies(tmp_path, pair_module(8, 6, 1), pair_module(8, 3, 2),
+                         ["out0 = concat(r0.out0, r1.out0; dim 1)"])
 
 
 def test_split_batch_is_not_verified_and_located(tmp_path):
-    seq, dist = tmp_path / "seq.hlo", tmp_path / "dist.hlo"
-    seq.write_text(pair_module(8, 6, 1))
     text = pair_module(4, 6, 2)
-    dist.write_text(text)
-    res = verify_hlo(seq, dist)
+    res = verify_texts(tmp_path, pair_module(8, 6, 1), text)
     assert not res.verified
     first = res.failures[0]
-    assert (first.file, first.line) == (str(dist), line_of(text, "  %t = "))
+    assert (first.file, first.line) == (str(tmp_path / "dist.hlo"), line_of(text, "  %t = "))
     assert "all-reduce" in first.message
 
 

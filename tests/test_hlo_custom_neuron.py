@@ -9,11 +9,10 @@ malformed calls are one-line errors."""
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from rulekit import assert_views_hold  # noqa: E402
+from hlo_pairs import assert_pair_verifies, verify_texts  # noqa: E402
 
 from dlverify.errors import InputError  # noqa: E402
 from dlverify.frontends.hlo import hlo_to_graph, parse_hlo_module  # noqa: E402
-from dlverify.hlo_api import verify_hlo  # noqa: E402
 from dlverify.interpret import Interpreter  # noqa: E402
 from dlverify.ir import IdAllocator  # noqa: E402
 
@@ -81,22 +80,16 @@ def test_two_operands_are_an_error_naming_the_line():
 @pytest.mark.parametrize("target,cfg", [("AwsNeuronGelu", None), ("AwsNeuronGeluBackward", None),
                                         ("AwsNeuronSoftmax", "1")])
 def test_rows_held_whole_verify(tmp_path, target, cfg):
-    seq, dist = tmp_path / "seq.hlo", tmp_path / "dist.hlo"
-    seq.write_text(module(target, 8, backend_config=cfg))
-    dist.write_text(module(target, 4, parts=2, backend_config=cfg))
-    res = verify_hlo(seq, dist)
-    assert res.verified, [f.message for f in res.failures[:3]]
-    assert res.outputs == ["out0 = concat(r0.out0, r1.out0; dim 0)"]
-    assert_views_hold(res.problem, res.views, seeds=(0,))
+    assert_pair_verifies(tmp_path, module(target, 8, backend_config=cfg),
+                         module(target, 4, parts=2, backend_config=cfg),
+                         ["out0 = concat(r0.out0, r1.out0; dim 0)"])
 
 
 def test_softmax_over_a_split_dim_is_not_verified_and_located(tmp_path):
-    seq, dist = tmp_path / "seq.hlo", tmp_path / "dist.hlo"
-    seq.write_text(module("AwsNeuronSoftmax", 8, backend_config="0"))
-    dist.write_text(module("AwsNeuronSoftmax", 4, parts=2, backend_config="0"))
-    res = verify_hlo(seq, dist)
+    res = verify_texts(tmp_path, module("AwsNeuronSoftmax", 8, backend_config="0"),
+                       module("AwsNeuronSoftmax", 4, parts=2, backend_config="0"))
     assert not res.verified
-    assert (res.failures[0].file, res.failures[0].line) == (str(dist), CALL_LINE)
+    assert (res.failures[0].file, res.failures[0].line) == (str(tmp_path / "dist.hlo"), CALL_LINE)
 
 
 def test_cli_unknown_neuron_target_exit_2(tmp_path):

@@ -12,6 +12,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from jax import lax  # noqa: E402
+from hlo_pairs import assert_pair_verifies, verify_texts  # noqa: E402
 from rulekit import assert_views_hold  # noqa: E402
 
 from dlverify.errors import UnknownOpError  # noqa: E402
@@ -144,14 +145,14 @@ def test_plain_lt_comparator_is_ascending_with_a_nan_assumption():
 
 
 def test_total_order_comparator_without_canonicalisation_notes_signed_zeros():
-    g, info = lower(sort_module(LT[:-1] + "T, type=TOTALORDER"))
+    _, info = lower(sort_module(LT[:-1] + "T, type=TOTALORDER"))
     assert any("orders -0 before +0" in a for a in info.assumptions)
     assert not any("NaN" in a for a in info.assumptions)   # NaN last, as the IR
 
 
 @pytest.mark.parametrize("t,np_t", [("f32", np.float32), ("s32", np.int32), ("u8", np.uint8)])
 def test_descending_comparator_is_a_stable_descending_sort(t, np_t):
-    g, info = lower(sort_module(GT, t=t))
+    g, _ = lower(sort_module(GT, t=t))
     assert [op.kind for op in g.ops] == ["iota", "neg" if t == "f32" else "not", "sort", "sort"]
     assert [op.params["output"] for op in g.ops if op.kind == "sort"] == [1, 2]
     rng = np.random.default_rng(2)
@@ -170,11 +171,11 @@ def test_descending_comparator_is_a_stable_descending_sort(t, np_t):
     ("  ROOT %r = pred[] compare(%x1, %y1), direction=LT", "other operand"),
     ("  ROOT %r = pred[] compare(%x0, %y0), direction=LE", "not strict"),
     ("  ROOT %r = pred[] compare(%y0, %x0), direction=NE", "not an order"),
-    ("  %a = pred[] compare(%x0, %y0), direction=LT\n"
-     "  %e = pred[] compare(%x0, %y0), direction=EQ\n"
-     "  %b = pred[] compare(%x1, %y1), direction=LT\n"
-     "  %c = pred[] and(%e, %b)\n"
-     "  ROOT %r = pred[] or(%a, %c)", "two keys"),
+    (("  %a = pred[] compare(%x0, %y0), direction=LT\n"
+      "  %e = pred[] compare(%x0, %y0), direction=EQ\n"
+      "  %b = pred[] compare(%x1, %y1), direction=LT\n"
+      "  %c = pred[] and(%e, %b)\n"
+      "  ROOT %r = pred[] or(%a, %c)"), "two keys"),
 ])
 def test_unsupported_comparators_are_unknown_ops_at_the_sort_line(body, what):
     text = sort_module(body)
@@ -220,29 +221,18 @@ def test_bitcast_convert_evaluates_like_lax(src, dst):
 
 # ---------------------------------------------------------------- verification
 
-def write_pair(tmp_path, seq: str, dist: str) -> tuple[Path, Path]:
-    s, d = tmp_path / "seq.hlo", tmp_path / "dist.hlo"
-    s.write_text(seq)
-    d.write_text(dist)
-    return s, d
-
-
 @pytest.mark.parametrize("body", [LT, GT], ids=["ascending", "descending"])
 def test_sort_along_a_dim_each_rank_holds_whole_verifies(tmp_path, body):
-    seq, dist = write_pair(tmp_path, sort_module(body, 8, dim=1), sort_module(body, 4, dim=1, parts=2))
-    res = verify_hlo(seq, dist)
-    assert res.verified, [f.message for f in res.failures[:3]]
-    assert res.outputs == [f"out{i} = concat(r0.out{i}, r1.out{i}; dim 0)" for i in range(2)]
-    assert_views_hold(res.problem, res.views, seeds=(0,))
+    assert_pair_verifies(tmp_path, sort_module(body, 8, dim=1), sort_module(body, 4, dim=1, parts=2),
+                         [f"out{i} = concat(r0.out{i}, r1.out{i}; dim 0)" for i in range(2)])
 
 
 def test_sort_along_a_split_dim_is_not_verified_and_located(tmp_path):
     text = sort_module(LT, 4, dim=0, parts=2)
-    seq, dist = write_pair(tmp_path, sort_module(LT, 8, dim=0), text)
-    res = verify_hlo(seq, dist)
+    res = verify_texts(tmp_path, sort_module(LT, 8, dim=0), text)
     assert not res.verified
     first = res.failures[0]
-    assert (first.op, first.file, first.line) == ("sort", str(dist), sort_line(text))
+    assert (first.op, first.file, first.line) == ("sort", str(tmp_path / "dist.hlo"), sort_line(text))
 
 
 def test_topk_along_a_split_dim_is_not_verified(tmp_path):
@@ -255,8 +245,7 @@ ENTRY %main (x: f32[4,{n}]) -> f32[4,2] {{
   ROOT %v = f32[4,2]{{1,0}} get-tuple-element(%t), index=0
 }}
 """
-    seq, dist = write_pair(tmp_path, topk(8, 1), topk(4, 2))
-    res = verify_hlo(seq, dist)
+    res = verify_texts(tmp_path, topk(8, 1), topk(4, 2))
     assert not res.verified
     assert (res.failures[0].op, res.failures[0].line) == ("top_k", 5)
 
