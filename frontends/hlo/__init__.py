@@ -9,6 +9,8 @@
 * lower.py      `hlo_to_graph(module, ids, name)`: HloModule -> IR Graph;
 * ops/          the opcode handlers of the lowering, one module per family;
 * fold.py       static evaluation of small values (loop counters, inits);
+* comparator.py what a sort's comparator computation orders by, found by
+                evaluating it on probe values;
 * pairing.py    `pair_modules`: the Problem of a sequential and a distributed
                 module (the one place two HLO modules are paired).
 """
