@@ -196,6 +196,17 @@ def test_comparator_that_cannot_be_evaluated_names_the_sort():
     assert ei.value.line == sort_line(text) and "comparator %cmp cannot be evaluated" in ei.value.message
 
 
+def test_comparator_reading_the_rank_is_refused():
+    text = sort_module(LT).replace("  ROOT %r = pred[] compare(%x0, %y0), direction=LT",
+                                   "  %p = u32[] partition-id()\n  %z = u32[] constant(0)\n"
+                                   "  %q = pred[] compare(%p, %z), direction=EQ\n"
+                                   "  %l = pred[] compare(%x0, %y0), direction=LT\n"
+                                   "  ROOT %r = pred[] and(%q, %l)")
+    with pytest.raises(UnknownOpError) as ei:
+        lower(text)
+    assert ei.value.line == sort_line(text) and "uses axis_index" in ei.value.message
+
+
 def test_bit_reinterpretation_stays_unknown_outside_comparators():
     text = """HloModule m
 

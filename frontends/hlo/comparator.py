@@ -27,7 +27,7 @@ import numpy as np
 from dlverify.errors import InputError, UnknownOpError
 from dlverify.frontends.hlo.model import HloComputation, HloInstruction, np_dtype
 from dlverify.interpret import Interpreter, NotExecutable
-from dlverify.ir import Graph, GraphBuilder, IdAllocator, is_float_dtype
+from dlverify.ir import COLLECTIVES, Graph, GraphBuilder, IdAllocator, is_float_dtype
 
 if TYPE_CHECKING:
     from dlverify.frontends.hlo.lower import Lowerer
@@ -118,6 +118,9 @@ def _run(L: Lowerer, ins: HloInstruction, comp: HloComputation, dtypes: list[str
         if not isinstance(root, (int, np.integer)) or graph.tensors[int(root)].shape != () \
                 or graph.tensors[int(root)].dtype != "bool":
             raise L.err(ins, f"comparator %{comp.name} does not return pred[]")
+        ranked = [op.kind for op in graph.ops if op.kind in COLLECTIVES or op.kind == "axis_index"]
+        if ranked:   # the probes run as ranks: a comparator must not look across them
+            raise L.unknown(ins, f"comparator %{comp.name} uses {ranked[0]}")
         vals = Interpreter(graph, n).run([[np.asarray(v) for v in col] for col in probes.args])
     except (InputError, UnknownOpError) as e:
         where = f" (line {e.line})" if e.line else ""
