@@ -9,6 +9,7 @@ import networkx as nx
 
 from dlverify import ir
 from dlverify import schema as S
+from dlverify.correspondence import counterpart_failure
 from dlverify.ir import Graph, Op
 from dlverify.outputs import infer_output_relation
 from dlverify.partial_tags import TRANS_BASE, full_size, group_class, is_group_axis, reindexing
@@ -133,7 +134,18 @@ class Judge:
         if not failing:
             return True, outputs, []
         failures = self.frontier_failures(failing) + self.output_failures(failing)
-        return False, outputs, failures
+        return False, outputs, self._counterpart(failing) + failures
+
+    def _counterpart(self, failing: list) -> list[Failure]:
+        """dlverify/correspondence.py's diagnosis: an op before the first distributed
+        op with no view that holds a block of something its source line does not
+        compute in the sequential program."""
+        anc = self._ancestor_ops(self.p.dist, [f[3] for f in failing])
+        order = {op.id: i for i, op in enumerate(self.p.dist.ops)}
+        frontier = [o for o in self.dist_frontier if o in anc]
+        before = min(frontier, key=order.__getitem__) if frontier else None
+        found = counterpart_failure(self.p, self.views, anc, before, self.seq_desc, self.view_text)
+        return [found] if found is not None else []
 
     def _ancestor_ops(self, g: Graph, outs: list[int]) -> set[int]:
         graph = nx.DiGraph()
@@ -168,7 +180,7 @@ class Judge:
             op = self.dist_ops[op_id]
             ranks = tuple(sorted(self.dist_frontier[op_id]))
             never = (self._unreduced_partial(op, ranks[0], reduced_later)
-                     or self._missing_terms(op, ranks[0], live))
+                     or self._missing_terms(op, ranks[0], live) or self._split_axis(op, ranks[0]))
             if never is not None:
                 out.append(never)
                 continue
@@ -318,6 +330,25 @@ class Judge:
         if pos < full:
             gaps.append((pos, full))
         return gaps
+
+    def _split_axis(self, op: Op, rank: int) -> Failure | None:
+        """A scan, sort or softmax along a dim its operand holds only a block of: the
+        op needs the whole dim; blame the data movement that split it, if any."""
+        if ir.KINDS[op.kind].family not in (ir.Family.SCAN, ir.Family.SORT) or not op.inputs:
+            return None
+        ax, t = op.params.get("axis", op.params.get("dimension")), op.inputs[0]
+        vs = [v for v in self.by_dist.get((t, rank), []) if v.partial is None]
+        n = self.p.dist.tensors[t].shape[ax]
+        if not vs or all(self.p.seq.tensors[v.seq].shape[ax] == n for v in vs):
+            return None
+        mover = self._split_by_data_movement(op)
+        reason = (f"{op.kind} works along dim {ax} as a whole, but each rank holds only "
+                  f"{n} of its positions")
+        at = mover or op
+        msg = (f"{mover.kind} splits the dim that {self.op_desc(op)} works along" if mover
+               else f"{op.kind} works along a dim held in blocks")
+        return Failure(at.kind, at.loc.file, at.loc.line, f"{msg}: {reason}", "distributed",
+                       at.loc.frames, (rank,), reason, "split-axis", {rank: self.operand_views(op, rank)})
 
     def _split_by_data_movement(self, reducer: Op) -> Op | None:
         """The collective or slice that produced the operand of `reducer` (through

@@ -90,6 +90,9 @@ FAILURE_KINDS = {
     "unproved-extrema-merge": "partial maxima (minima) of ranges that neither touch nor overlap merged by an elementwise max (min)",
     "missing-terms": "a reduction's partial terms leave some terms held by no rank (never computed)",
     "interleaved-terms": "a collective sums interleaved partial terms: not supported yet, not a located bug",
+    "split-axis": "a scan, sort or softmax works along a dim each rank holds only a block of",
+    "differs-from-counterpart": "diagnosis: an op holds a block of a value that the sequential op "
+                                "written at the same source does not compute",
 }
 
 
