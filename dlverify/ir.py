@@ -110,6 +110,17 @@ class Mesh:
         return out
 
 
+@dataclass(frozen=True)
+class FoldedOp:
+    """An op an exact rewrite removed because tensor `value` already holds its
+    result (a slice of a concatenate that is one of its operands): kept so that
+    diagnosis can still find the op by its source (dlverify/correspondence.py)."""
+
+    kind: str
+    loc: SourceLoc
+    value: int
+
+
 @dataclass
 class Graph:
     """One program. `inputs`/`outputs` are tensor ids in signature order."""
@@ -121,6 +132,7 @@ class Graph:
     outputs: list[int] = field(default_factory=list)
     input_names: list[str] = field(default_factory=list)
     output_names: list[str] = field(default_factory=list)
+    folded: list[FoldedOp] = field(default_factory=list)
 
     def producer(self) -> dict[int, Op]:
         return {op.output: op for op in self.ops}

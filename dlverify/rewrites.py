@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from dlverify.ir import Graph, IdAllocator, Op, Tensor
+from dlverify.ir import FoldedOp, Graph, IdAllocator, Op, Tensor
 from dlverify.problem import Problem
 
 
@@ -116,6 +116,7 @@ class _Rewriter:
             off += size
         if len(pieces) == 1 and pieces[0] in cat.inputs:
             self.alias[op.output] = pieces[0]
+            self.g.folded.append(FoldedOp(op.kind, op.loc, pieces[0]))
         elif len(pieces) == 1:
             # the one piece is a fresh slice: let it produce the original output
             new = self.out.pop()

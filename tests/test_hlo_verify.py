@@ -141,6 +141,10 @@ def lines_of(path: Path, text: str) -> int:
 @pytest.mark.parametrize("mutant, marker, line", [
     ("tp2_layer1_wrong_slice.hlo", "slice={[0:256], [256:1280]}", 69),
     ("tp2_layer1_wrong_group.hlo", "replica_groups={{0},{1}}", 133),
+    # the published bug's class: K's slice reads Q's columns, a valid block of the
+    # fused product, so the first op without a relation comes 14 lines later;
+    # found by its counterpart (dlverify/correspondence.py)
+    ("tp2_layer1_k_reads_q.hlo", "%slice.54 = f16[256,256]{1,0} slice(%dot.52), slice={[0:256], [0:256]}", 89),
 ])
 def test_neuron_mutant_located_at_the_mutated_instruction(mutant, marker, line):
     path = MUT / mutant
