@@ -131,6 +131,8 @@ BROADCAST_DIM = _rel("Broadcast_Dim", "broadcast_in_dim maps operand dim i to ou
 TRANSPOSE = _rel("Transpose", "Op is transpose.", "op:OpId")
 TRANSPOSE_PERM = _rel("Transpose_Perm", "transpose: output dim j is operand dim i.",
                       "op:OpId", "j:number", "i:number")
+REV_DIM = _rel("Rev_Dim", "rev: operand dim i is reversed (flag 1) or kept (flag 0); one row per dim.",
+               "op:OpId", "i:number", "flag:number")
 RESHAPE = _rel("Reshape", "Op is reshape.", "op:OpId")
 RESHAPE_MAP = _rel("Reshape_Map", "reshape: output dim j takes its offset from operand dim i "
                    "divided by k (k=1: copied; k>1: the first dim of a split group); "

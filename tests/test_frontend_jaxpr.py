@@ -135,3 +135,17 @@ def test_top_k_and_argsort_are_exported_per_result_and_verify():
     bad = verify_jax(_routing, _smap(_routing, mesh, (P(None, "dp"),), (P(), P(None, "dp")), False),
                      jax.ShapeDtypeStruct((8, 4), jnp.float32), engine="clingo")
     assert not bad.verified and bad.failures[0].op in ("top_k", "sort")
+
+
+def test_a_descending_sort_a_sort_then_a_rev_verifies_on_rows_held_whole():
+    from dlverify.api import verify_jax
+    mesh = _mesh((2,), ("dp",))
+    x = jax.ShapeDtypeStruct((8, 6), jnp.float32)
+
+    def desc(v):
+        return jnp.sort(v, axis=1, descending=True)
+
+    p = import_jax(desc, _smap(desc, mesh, (P("dp", None),), P("dp", None)), (x,))
+    assert [op.kind for op in p.dist.ops] == ["sort", "rev"]   # JAX: a sort, then a rev
+    res = verify_jax(desc, _smap(desc, mesh, (P("dp", None),), P("dp", None)), x, engine="clingo")
+    assert res.verified, [(f.op, f.line, f.message) for f in res.failures[:2]]

@@ -87,6 +87,26 @@ def test_transpose_permutes_offsets():
     assert out.views(ws, td) == []
 
 
+def test_rev_mirrors_the_block_of_a_reversed_split_dim_and_keeps_the_others():
+    # x [4, 6] split on dim 1; rev over both dims: rank 0's columns [0, 3) of x are
+    # columns [3, 6) of the reversed x, and rows keep their (whole) block
+    t = Tiny()
+    xs, xd = t.input((4, 6), (None, "x"))
+    rs = t.sop("rev", [xs], (4, 6), dimensions=(0, 1))
+    rd = t.dop("rev", [xd], (4, 3), dimensions=(0, 1))
+    ks = t.sop("rev", [xs], (4, 6), dimensions=(0,))       # the split dim kept
+    kd = t.dop("rev", [xd], (4, 3), dimensions=(0,))
+    other = t.dop("rev", [xd], (4, 3), dimensions=(1,))    # reverses other dims than rs
+    t.output(rs, rd, (None, "x"))    # the expected relation: rank r holds block r...
+    out = t.run()
+    assert vset(out, rs, rd, 0) == {((0, 3), None, UNIT)}
+    assert vset(out, rs, rd, 1) == {((0, 0), None, UNIT)}
+    assert vset(out, ks, kd, 1) == {((0, 3), None, UNIT)}
+    assert out.views(rs, other) == []
+    # ...but rank 0 holds the mirrored block [3, 6): not the output out_specs promise
+    assert not out.result.verified
+
+
 # ---------------------------------------------------------------- reshape
 
 def test_reshape_split_of_a_sharded_dim_that_splits_evenly():

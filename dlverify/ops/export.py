@@ -254,6 +254,13 @@ def transpose(ex: FactSink, s: Site) -> tuple:
     return (s.op.kind, tuple(s.op.params["permutation"]))
 
 
+def rev(ex: FactSink, s: Site) -> tuple:
+    dims = {int(d) for d in s.op.params["dimensions"]}
+    for i in range(len(s.shapes[0])):
+        ex.add(S.REV_DIM, s.op.id, i, int(i in dims))
+    return (s.op.kind, tuple(sorted(dims)))
+
+
 def reshape(ex: FactSink, s: Site) -> tuple:
     ex.add(S.RESHAPE, s.op.id)
     rsig = reshape_signature(s.shapes[0], s.out_shape)

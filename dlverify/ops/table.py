@@ -164,7 +164,7 @@ _KINDS: list[OpKind] = [
     _layout("broadcast_in_dim", UNARY, T.broadcast_in_dim, X.broadcast_in_dim, copies_operand0=True),
     _layout("reshape", UNARY, T.reshape, X.reshape, copies_operand0=True),
     _layout("transpose", UNARY, T.transpose, X.transpose, copies_operand0=True),
-    _layout("rev", UNARY, T.rev, copies_operand0=True),
+    _layout("rev", UNARY, T.rev, X.rev, copies_operand0=True),
     _layout("slice", UNARY, T.slice_, X.slice_, copies_operand0=True),
     _layout("dynamic_slice", at_least(1), T.dynamic_slice, X.dynamic_slice, copies_operand0=True),
     _layout("dynamic_update_slice", at_least(2), T.dynamic_update_slice),
