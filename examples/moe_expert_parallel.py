@@ -1,5 +1,6 @@
-"""Expert parallelism: a top-1 mixture-of-experts layer with capacity, written
-GShard-style with dense dispatch and combine tensors, experts sharded over 'ep'.
+"""Expert parallelism: top-1 and top-2 mixture-of-experts layers with capacity,
+written GShard-style with dense dispatch and combine tensors, experts sharded
+over 'ep'.
 
 Routing (identical on both sides, on the full token set): argmax of the router
 logits picks each token's expert, a cumsum over tokens gives its slot in that
@@ -10,11 +11,12 @@ E / EP experts' weights, takes its experts' columns of the dispatch mask and
 gate (a dynamic_slice at axis_index * E / EP), and one psum over 'ep' adds the
 experts' contributions.
 
-dlverify relates argmax, cumsum and the capacity mask over dims every rank
-holds whole, and the per-rank expert slices to blocks of the sequential mask.
+dlverify relates argmax, top_k, cumsum and the capacity mask over dims every
+rank holds whole, and the per-rank expert slices to blocks of the sequential mask.
 
 Buggy twins: the psum over experts is missing; the gate softmax is normalised
-over each rank's experts only. (A mask or gate sliced at the wrong expert
+over each rank's experts only; top-2 routing picks among each rank's experts
+only. (A mask or gate sliced at the wrong expert
 offset is found too, but located at the expert einsum that first combines the
 wrong blocks, not at the slice: not shipped as a twin.)
 """
@@ -54,6 +56,18 @@ def route(x, router):
     return keep[:, :, None] * slots[:, None, :], jax.nn.softmax(logits, axis=-1)
 
 
+def route_top2(x, router):
+    """Top-2 routing with capacity (GShard): each token goes to its two best
+    experts (lax.top_k); slots and the capacity drop as in `route`."""
+    logits = x @ router
+    _, best = jax.lax.top_k(logits, 2)
+    chosen = jax.nn.one_hot(best, EXPERTS, dtype=f32).sum(axis=1)   # (T, E), two ones per token
+    slot = jnp.cumsum(chosen, axis=0) * chosen - chosen
+    keep = chosen * (slot < CAPACITY)
+    slots = jax.nn.one_hot((slot * keep).astype(jnp.int32), CAPACITY, dtype=f32)   # (T, E, C)
+    return keep[:, :, None] * slots, jax.nn.softmax(logits, axis=-1) * chosen
+
+
 def experts(mask, gate, x, w1, w2):
     xe = jnp.einsum("tec,td->ecd", mask, x)                    # dispatch
     ye = jnp.einsum("ecf,efd->ecd", jax.nn.gelu(jnp.einsum("ecd,edf->ecf", xe, w1)), w2)
@@ -78,6 +92,26 @@ def moe_top1_capacity():
     return dlverify.Case(
         seq=moe_seq, dist=_dist(moe_local), args=_args(), expect="verified",
         description="Top-1 MoE with capacity, dense dispatch/combine, 4 experts over EP=2")
+
+
+def moe_top2_seq(x, router, w1, w2):
+    mask, gate = route_top2(x, router)
+    return experts(mask, gate, x, w1, w2)
+
+
+def moe_top2_local(x, router, w1, w2):
+    mask, gate = route_top2(x, router)
+    first = jax.lax.axis_index("ep") * LOCAL
+    mask = jax.lax.dynamic_slice_in_dim(mask, first, LOCAL, axis=1)
+    gate = jax.lax.dynamic_slice_in_dim(gate, first, LOCAL, axis=1)
+    return jax.lax.psum(experts(mask, gate, x, w1, w2), "ep")
+
+
+@dlverify.case
+def moe_top2_capacity():
+    return dlverify.Case(
+        seq=moe_top2_seq, dist=_dist(moe_top2_local), args=_args(), expect="verified",
+        description="Top-2 MoE (lax.top_k) with capacity, dense dispatch/combine, 4 experts over EP=2")
 
 
 # --------------------------------------------------------------- buggy twins
@@ -111,3 +145,22 @@ def moe_bug_gate_softmax_over_local_experts():
     return dlverify.Case(
         seq=moe_seq, dist=_dist(moe_local_local_softmax), args=_args(), expect="bug",
         description="MoE whose gate softmax runs over each rank's experts instead of all experts")
+
+
+def moe_top2_local_routing(x, router, w1, w2):
+    first = jax.lax.axis_index("ep") * LOCAL
+    logits = jax.lax.dynamic_slice_in_dim(x @ router, first, LOCAL, axis=1)  # BUG: routes among this rank's experts only
+    _, best = jax.lax.top_k(logits, 2)
+    chosen = jax.nn.one_hot(best, LOCAL, dtype=f32).sum(axis=1)
+    slot = jnp.cumsum(chosen, axis=0) * chosen - chosen
+    keep = chosen * (slot < CAPACITY)
+    mask = keep[:, :, None] * jax.nn.one_hot((slot * keep).astype(jnp.int32), CAPACITY, dtype=f32)
+    gate = jax.lax.dynamic_slice_in_dim(jax.nn.softmax(x @ router, axis=-1), first, LOCAL, axis=1) * chosen
+    return jax.lax.psum(experts(mask, gate, x, w1, w2), "ep")
+
+
+@dlverify.case
+def moe_bug_top2_among_local_experts():
+    return dlverify.Case(
+        seq=moe_top2_seq, dist=_dist(moe_top2_local_routing), args=_args(), expect="bug",
+        description="Top-2 MoE whose ranks pick each token's two best experts among their own experts")
