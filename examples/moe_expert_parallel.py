@@ -79,12 +79,19 @@ def moe_seq(x, router, w1, w2):
     return experts(mask, gate, x, w1, w2)
 
 
-def moe_local(x, router, w1, w2):
-    mask, gate = route(x, router)
-    first = jax.lax.axis_index("ep") * LOCAL                   # this rank's experts
-    mask = jax.lax.dynamic_slice_in_dim(mask, first, LOCAL, axis=1)
-    gate = jax.lax.dynamic_slice_in_dim(gate, first, LOCAL, axis=1)
-    return jax.lax.psum(experts(mask, gate, x, w1, w2), "ep")
+def expert_parallel(routing):
+    """The EP program of a routing: each rank takes its experts' columns of the
+    full routing's mask and gates, runs its experts, and one psum adds them."""
+    def local(x, router, w1, w2):
+        mask, gate = routing(x, router)
+        first = jax.lax.axis_index("ep") * LOCAL               # this rank's experts
+        mask = jax.lax.dynamic_slice_in_dim(mask, first, LOCAL, axis=1)
+        gate = jax.lax.dynamic_slice_in_dim(gate, first, LOCAL, axis=1)
+        return jax.lax.psum(experts(mask, gate, x, w1, w2), "ep")
+    return local
+
+
+moe_local = expert_parallel(route)
 
 
 @dlverify.case
@@ -99,18 +106,10 @@ def moe_top2_seq(x, router, w1, w2):
     return experts(mask, gate, x, w1, w2)
 
 
-def moe_top2_local(x, router, w1, w2):
-    mask, gate = route_top2(x, router)
-    first = jax.lax.axis_index("ep") * LOCAL
-    mask = jax.lax.dynamic_slice_in_dim(mask, first, LOCAL, axis=1)
-    gate = jax.lax.dynamic_slice_in_dim(gate, first, LOCAL, axis=1)
-    return jax.lax.psum(experts(mask, gate, x, w1, w2), "ep")
-
-
 @dlverify.case
 def moe_top2_capacity():
     return dlverify.Case(
-        seq=moe_top2_seq, dist=_dist(moe_top2_local), args=_args(), expect="verified",
+        seq=moe_top2_seq, dist=_dist(expert_parallel(route_top2)), args=_args(), expect="verified",
         description="Top-2 MoE (lax.top_k) with capacity, dense dispatch/combine, 4 experts over EP=2")
 
 
