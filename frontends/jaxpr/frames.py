@@ -47,6 +47,7 @@ class _Wrappers:
 
     def __init__(self) -> None:
         self._spans: dict[str, list[tuple[int, int]]] = {}
+        self._inside: dict[tuple[str, int], bool] = {}   # ops share lines: answer each once
 
     def _file_spans(self, file: str) -> list[tuple[int, int]]:
         if file not in self._spans:
@@ -62,7 +63,10 @@ class _Wrappers:
         return self._spans[file]
 
     def inside(self, fr: Frame) -> bool:
-        return any(lo <= fr.line <= hi for lo, hi in self._file_spans(fr.file))
+        key = (fr.file, fr.line)
+        if key not in self._inside:
+            self._inside[key] = any(lo <= fr.line <= hi for lo, hi in self._file_spans(fr.file))
+        return self._inside[key]
 
 
 def _one_statement(node: ast.FunctionDef | ast.Lambda) -> bool:
