@@ -86,14 +86,14 @@ class _Softmaxes:
             if op.kind == "broadcast_in_dim":
                 bd = op.params["broadcast_dimensions"]
                 # src's dims of size > 1 are a's; each is broadcast to bd[i] of t
-                dims = tuple(self._through(bd[i], dims, t) for i in _big(self.shape(a)))
-            elif op.kind == "reshape" and [self.shape(a)[i] for i in _big(self.shape(a))] == \
+                moved = tuple(self._through(bd[i], dims, t) for i in _big(self.shape(a)))
+                if any(d < 0 for d in moved):   # not placed: stop here, varying along all of t
+                    return Source(t, dims)
+                dims = moved
+            elif op.kind != "reshape" or [self.shape(a)[i] for i in _big(self.shape(a))] != \
                     [self.shape(t)[i] for i in _big(self.shape(t))]:
-                dims = tuple(dims[k] for k in range(len(_big(self.shape(a)))))
-            else:
                 return Source(t, dims)
-            if any(d < 0 for d in dims):
-                return Source(t, ())
+            # (a reshape that only adds or drops size-1 dims keeps the big dims in order)
             t = a
 
     def _through(self, j: int, dims: tuple[int, ...], t: int) -> int:
