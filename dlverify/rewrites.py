@@ -133,8 +133,7 @@ class _Rewriter:
     # ------------------------------------------------------------------ driver
     def run(self) -> bool:
         g = self.g
-        uses = _uses(g)
-        unused_before = {t for t in g.tensors if uses[t] == 0}
+        unused_before = _unused(g)
         changed = False
         for op in g.ops:
             op.inputs = [self.alias.get(i, i) for i in op.inputs]
@@ -173,10 +172,10 @@ def _uses(g: Graph) -> Counter:
     return c
 
 
-def _counts(g: Graph) -> dict[int, int]:
-    """Uses of every tensor of g, zero included."""
+def _unused(g: Graph) -> set[int]:
+    """Tensors of g that no op reads and no output is."""
     uses = _uses(g)
-    return {t: uses[t] for t in g.tensors}
+    return {t for t in g.tensors if uses[t] == 0}
 
 
 def _drop_newly_dead(g: Graph, unused_before: set[int]) -> None:
@@ -206,7 +205,7 @@ def rewrite(problem: Problem) -> None:
     from dlverify.masked_gather import rewrite_masked_gathers   # imports this module
     from dlverify.softmax_form import canonical_softmaxes
     rewrite_masked_gathers(problem)
-    unused = [{t for t, n in _counts(g).items() if n == 0} for g in (problem.seq, problem.dist)]
+    unused = [_unused(problem.seq), _unused(problem.dist)]
     if canonical_softmaxes(problem.seq, problem.dist, problem.ids):
         _drop_newly_dead(problem.seq, unused[0])
         _drop_newly_dead(problem.dist, unused[1])
