@@ -183,11 +183,12 @@ class Exporter:
                 self.note_rounded(f, reading)
         seq_vals = {v for vals in seq_fold.splat.values() for v in vals}
         dist_vals = {v for vals in dist_fold.splat.values() for v in vals}
+        readings = {v: read_literal(abs(v)) for v in seq_vals | dist_vals if np.isfinite(v)}
         for a in dist_vals:
             for b in seq_vals:
                 if a == b or not b or not np.isfinite(a) or not np.isfinite(b):
                     continue
-                ra, rb = read_literal(abs(a)), read_literal(abs(b))
+                ra, rb = readings[a], readings[b]
                 if ra is None or rb is None or (a < 0) != (b < 0):
                     continue
                 e = prime_exponents(ra.value / rb.value)
