@@ -133,16 +133,17 @@ class Judge:
                 outputs.append(f"{name}: not proved on ranks {bad}")
         if not failing:
             return True, outputs, []
-        failures = self.frontier_failures(failing) + self.output_failures(failing)
-        return False, outputs, self._counterpart(failing) + failures
+        dist_anc = self._ancestor_ops(p.dist, [f[3] for f in failing])
+        failures = self.frontier_failures(failing, dist_anc) + self.output_failures(failing)
+        return False, outputs, self._counterpart(dist_anc) + failures
 
-    def _counterpart(self, failing: list) -> list[Failure]:
+    def _counterpart(self, anc: set[int]) -> list[Failure]:
         """dlverify/correspondence.py's diagnosis: an op before the first distributed
-        op with no view that holds a block of something its source line does not
-        compute in the sequential program."""
-        anc = self._ancestor_ops(self.p.dist, [f[3] for f in failing])
+        op with no view (among those frontier_failures kept: on the way to a failing
+        output, on some rank that reaches it) that holds a block of something its
+        source line does not compute in the sequential program."""
         order = {op.id: i for i, op in enumerate(self.p.dist.ops)}
-        frontier = [o for o in self.dist_frontier if o in anc]
+        frontier = [o for o, ranks in self.dist_frontier.items() if o in anc and ranks]
         before = min(frontier, key=order.__getitem__) if frontier else None
         found = counterpart_failure(self.p, self.views, anc, before, self.seq_desc, self.view_text)
         return [found] if found is not None else []
@@ -161,10 +162,10 @@ class Judge:
                 keep.add(t)
         return {prod[t].id for t in keep if t in prod}
 
-    def frontier_failures(self, failing: list) -> list[Failure]:
+    def frontier_failures(self, failing: list, dist_anc: set[int]) -> list[Failure]:
+        """`dist_anc`: the distributed ops the failing outputs depend on."""
         p = self.p
         out: list[Failure] = []
-        dist_anc = self._ancestor_ops(p.dist, [f[3] for f in failing])
         seq_anc = self._ancestor_ops(p.seq, [f[2] for f in failing])
         order = {op.id: i for i, op in enumerate(p.dist.ops)}
         dist_ops = [o for o in self.dist_frontier if o in dist_anc]
