@@ -56,16 +56,22 @@ def route(x, router):
     return keep[:, :, None] * slots[:, None, :], jax.nn.softmax(logits, axis=-1)
 
 
-def route_top2(x, router):
-    """Top-2 routing with capacity (GShard): each token goes to its two best
-    experts (lax.top_k); slots and the capacity drop as in `route`."""
-    logits = x @ router
+def top2_dispatch(logits):
+    """Each token's two best experts among the columns of `logits` (lax.top_k),
+    (T, E) with two ones per token, and the dispatch mask (T, E, C): slots and
+    the capacity drop as in `route`."""
     _, best = jax.lax.top_k(logits, 2)
-    chosen = jax.nn.one_hot(best, EXPERTS, dtype=f32).sum(axis=1)   # (T, E), two ones per token
+    chosen = jax.nn.one_hot(best, logits.shape[-1], dtype=f32).sum(axis=1)
     slot = jnp.cumsum(chosen, axis=0) * chosen - chosen
     keep = chosen * (slot < CAPACITY)
-    slots = jax.nn.one_hot((slot * keep).astype(jnp.int32), CAPACITY, dtype=f32)   # (T, E, C)
-    return keep[:, :, None] * slots, jax.nn.softmax(logits, axis=-1) * chosen
+    return chosen, keep[:, :, None] * jax.nn.one_hot((slot * keep).astype(jnp.int32), CAPACITY, dtype=f32)
+
+
+def route_top2(x, router):
+    """Top-2 routing with capacity (GShard): the dispatch mask and the gates."""
+    logits = x @ router
+    chosen, mask = top2_dispatch(logits)
+    return mask, jax.nn.softmax(logits, axis=-1) * chosen
 
 
 def experts(mask, gate, x, w1, w2):
@@ -149,11 +155,7 @@ def moe_bug_gate_softmax_over_local_experts():
 def moe_top2_local_routing(x, router, w1, w2):
     first = jax.lax.axis_index("ep") * LOCAL
     logits = jax.lax.dynamic_slice_in_dim(x @ router, first, LOCAL, axis=1)  # BUG: routes among this rank's experts only
-    _, best = jax.lax.top_k(logits, 2)
-    chosen = jax.nn.one_hot(best, LOCAL, dtype=f32).sum(axis=1)
-    slot = jnp.cumsum(chosen, axis=0) * chosen - chosen
-    keep = chosen * (slot < CAPACITY)
-    mask = keep[:, :, None] * jax.nn.one_hot((slot * keep).astype(jnp.int32), CAPACITY, dtype=f32)
+    chosen, mask = top2_dispatch(logits)
     gate = jax.lax.dynamic_slice_in_dim(jax.nn.softmax(x @ router, axis=-1), first, LOCAL, axis=1) * chosen
     return jax.lax.psum(experts(mask, gate, x, w1, w2), "ep")
 
