@@ -68,6 +68,20 @@ def verify_problem(problem: Problem, engine: EngineName = "auto",
                    window: int = DEFAULT_WINDOW, reporter: Any = None,
                    cache_dir: Path | None = None, rules_dir: Path | None = None,
                    patterns: Sequence[Pattern] | None = None) -> Result:
+    """Scans summarised by the frontend are verified by induction; a run that is
+    not verified that way is verified again with them unrolled (dlverify/induction.py)."""
+    from dlverify.induction import verify_with_induction
+
+    return verify_with_induction(problem, lambda p: _verify_once(
+        p, engine, keep_facts, timings, window, reporter, cache_dir, rules_dir, patterns))
+
+
+def _verify_once(problem: Problem, engine: EngineName = "auto",
+                 keep_facts: Path | None = None,
+                 timings: dict[str, float] | None = None,
+                 window: int = DEFAULT_WINDOW, reporter: Any = None,
+                 cache_dir: Path | None = None, rules_dir: Path | None = None,
+                 patterns: Sequence[Pattern] | None = None) -> Result:
     """`reporter` (dlverify.supervise.Reporter) is told the phases. `cache_dir`: an
     on-disk cache of segment results (dlverify/memo.py); off when None. `rules_dir`:
     another rule set (a folder with a main.dl), checked against the schema first.

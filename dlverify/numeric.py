@@ -44,8 +44,16 @@ def random_inputs(problem: Problem, seed: int = 0) -> tuple[list[np.ndarray], li
 
 def run_both(problem: Problem, seed: int = 0) -> Run:
     seq_in, dist_in = random_inputs(problem, seed)
-    seq_vals = Interpreter(problem.seq, 1).run([[x] for x in seq_in])
     mesh = problem.mesh
+    if problem.scans:  # scans summarised for induction: their bodies run per iteration
+        from dlverify.induction import run_with_scans
+
+        coords = lambda r, a: mesh.coords(r)[a]  # noqa: E731
+        return Run(run_with_scans(problem.seq, [sc.seq for sc in problem.scans], 1, None,
+                                  [[x] for x in seq_in]),
+                   run_with_scans(problem.dist, [sc.dist for sc in problem.scans], mesh.size,
+                                  coords, dist_in))
+    seq_vals = Interpreter(problem.seq, 1).run([[x] for x in seq_in])
     dist_vals = Interpreter(problem.dist, mesh.size, lambda r, a: mesh.coords(r)[a]).run(dist_in)
     return Run(seq_vals, dist_vals)
 

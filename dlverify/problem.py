@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from dlverify.ir import Graph, IdAllocator, Mesh
 from dlverify.relations import BlockRelation
@@ -20,3 +21,7 @@ class Problem:
     ids: IdAllocator
     assumptions: list[str] = field(default_factory=list)
     name: str = ""
+    # scans verified by induction (dlverify/induction.py: ScanSummary), and how to
+    # rebuild the problem with every scan unrolled (None: no rebuild possible)
+    scans: list[Any] = field(default_factory=list)
+    unroll: Callable[[], "Problem"] | None = None

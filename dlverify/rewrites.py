@@ -187,7 +187,9 @@ def _drop_newly_dead(g: Graph, unused_before: set[int]) -> None:
         if not dead:
             break
         g.ops = [op for op in g.ops if op.id not in dead]
-    produced = set(g.inputs) | {op.output for op in g.ops}
+    # (a tensor with no producer that is still read is a scan summary's placeholder,
+    # dlverify/induction.py)
+    produced = set(g.inputs) | {op.output for op in g.ops} | set(now)
     for t in [t for t in g.tensors if t not in produced]:
         del g.tensors[t]
 

@@ -46,6 +46,7 @@ from typing import Callable
 from dlverify import schema as S
 from dlverify.engine import EngineName, run_program
 from dlverify.facts import FactTables
+from dlverify.induction import ScanSummary, induct
 from dlverify.ir import Graph
 from dlverify.memo import Memo, canonicalise, offsets_record, views_back
 from dlverify.problem import Problem
@@ -191,7 +192,10 @@ def _block_end(reps: list[Repetition], p: int, window: int, n: int) -> _WindowEn
 
 def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: EngineName,
                   window: int, cache_dir: Path | None = None,
-                  progress: "Callable[[int, int], None] | None" = None) -> SegmentedRun:
+                  progress: "Callable[[int, int], None] | None" = None,
+                  seeds_in: set[ViewRow] | None = None) -> SegmentedRun:
+    """`seeds_in`: views given besides the input relations (the seeds of a scan
+    body's placeholders, dlverify/induction.py)."""
     index = _Index(tables)
     seq, dist = problem.seq, problem.dist
     seq_ops, dist_ops = seq.ops, dist.ops
@@ -225,6 +229,22 @@ def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: E
         sid, s, d, r, tag, scale = S.seed_fields(row)
         o = tuple(offs[sid][i] for i in range(len(offs[sid])))
         learn((s, d, r, offsets_record(o), tag, scale))
+    for row in sorted(seeds_in or (), key=repr):
+        learn(row)
+    pending_scans = list(problem.scans)
+    body_hits: list[int] = []  # memo hits of the scan bodies' runs
+
+    def run_body(sc: ScanSummary, seeds: set[ViewRow]) -> set[ViewRow]:
+        from dlverify.api import problem_tables  # (api imports this module)
+
+        if sc.tables is None:
+            sc.tables = problem_tables(sc.body)
+        run = run_segmented(sc.body, sc.tables, main_dl, engine, window, cache_dir,
+                            seeds_in=seeds)
+        if run.plan is not None:
+            plan.engine_runs += run.plan.engine_runs
+            body_hits.append(run.plan.memo_hits)
+        return set(run.relations[S.VIEW.name])
 
     rep_s, rep_d = find_repetitions(seq), find_repetitions(dist)
     plan = SegmentPlan(rep_s, rep_d)
@@ -237,7 +257,21 @@ def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: E
     while True:
         p = side_d.first_ready()
         if p is None:
-            break
+            # Nothing left to evaluate before a scan's results: the first scan whose
+            # operands all have views is concluded by induction (dlverify/induction.py).
+            sc = next((sc for sc in pending_scans
+                       if all(t in side_s.has for t in sc.seq.operands())
+                       and all(t in side_d.has for t in sc.dist.operands())), None)
+            if sc is None:
+                break
+            pending_scans.remove(sc)
+            t0 = time.perf_counter()
+            concluded = induct(sc, by_seq, run_body)
+            new = sum(learn(v) for v in concluded.views)
+            plan.inductions.append(f"scan at {sc.where}: body verified once for {sc.seq.length} "
+                                   f"iterations, {len(concluded.seeds)} seeds, {new} views of "
+                                   f"its results, {time.perf_counter() - t0:.2f} s")
+            continue
         if progress is not None:  # the CLI's progress line: distributed ops reached
             progress(p, len(dist_ops))
         end = _block_end(rep_d, p, window, len(dist_ops))
@@ -304,7 +338,7 @@ def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: E
         floor_s = q
         plan.segments.append(Segment(len(plan.segments), (q, s_hi), (p, d_hi), len(seeds), new,
                                      seconds, source, f"distributed: {reason}; sequential: {why}"))
-    plan.memo_hits = memo.hits
+    plan.memo_hits = memo.hits + sum(body_hits)
     relations = {
         S.VIEW.name: sorted(known, key=repr),
         S.OUTPUT_OK.name: _judge_outputs(index, known, main_dl, engine),
@@ -458,4 +492,5 @@ def _frontiers(problem: Problem, tables: FactTables, known: set[ViewRow]) -> dic
 
 
 def needs_segments(problem: Problem, window: int) -> bool:
-    return max(len(problem.seq.ops), len(problem.dist.ops)) > window
+    """Scans summarised for induction are concluded by the segmented run only."""
+    return bool(problem.scans) or max(len(problem.seq.ops), len(problem.dist.ops)) > window

@@ -82,20 +82,35 @@ def _trace(fn: Callable, avals: tuple[Any, ...], what: str) -> Any:
         raise InputError(f"tracing {what} failed: {type(e).__name__}: {msg}", file, line) from None
 
 
-def import_jax(seq_fn: Callable, dist_fn: Callable, args: tuple[Any, ...], name: str = "") -> Problem:
+def import_jax(seq_fn: Callable, dist_fn: Callable, args: tuple[Any, ...], name: str = "",
+               induction: bool = True) -> Problem:
     """Trace both programs and build the Problem: graphs, mesh and the input and
     output relations read from shard_map's in_specs and out_specs. Ops are
-    reported at the frame a developer would look at (frontends/jaxpr/frames.py)."""
-    problem = _import(seq_fn, dist_fn, args, name)
-    prefer_callers(problem.seq, home_file(seq_fn))
-    prefer_callers(problem.dist, home_file(dist_fn))
-    return problem
-
-
-def _import(seq_fn: Callable, dist_fn: Callable, args: tuple[Any, ...], name: str) -> Problem:
+    reported at the frame a developer would look at (frontends/jaxpr/frames.py).
+    `induction`: scans that pair are exported once, for induction
+    (dlverify/induction.py), with `Problem.unroll` rebuilding them unrolled."""
     avals = _avals_args(args)
     seq_closed = _trace(seq_fn, avals, "seq_fn")
     dist_closed = _trace(dist_fn, avals, "dist_fn")
+
+    def build(summarise: bool) -> Problem:
+        problem = _import(seq_closed, dist_closed, name, summarise)
+        prefer_callers(problem.seq, home_file(seq_fn))
+        prefer_callers(problem.dist, home_file(dist_fn))
+        return problem
+
+    if induction:
+        problem = build(True)
+        if problem.scans:
+            problem.unroll = lambda: build(False)
+            return problem
+        if problem.unroll is None:
+            return problem
+        # the scans do not pair: `unroll` says why, and the problem is built unrolled
+    return build(False)
+
+
+def _import(seq_closed: Any, dist_closed: Any, name: str, summarise: bool) -> Problem:
     ids = IdAllocator()
 
     seq = Graph("sequential")
@@ -103,11 +118,15 @@ def _import(seq_fn: Callable, dist_fn: Callable, args: tuple[Any, ...], name: st
     seq_in = [sb.tensor(tuple(v.aval.shape), _dtype(v.aval), f"in{i}")
               for i, v in enumerate(seq_closed.jaxpr.invars)]
     seq.inputs = seq_in
-    seq.outputs = walk(Ctx(sb, None, False), seq_closed, seq_in)
+    seq_scans: list[Any] | None = [] if summarise else None
+    seq.outputs = walk(Ctx(sb, None, False, scans=seq_scans), seq_closed, seq_in)
 
     found = _find_shard_map(dist_closed)
-    if found is None:
-        return _import_global(seq, seq_in, dist_closed, ids, name)
+    if found is None:  # (scans of a global dist_fn are unrolled)
+        problem = _import_global(seq, seq_in, dist_closed, ids, name)
+        if seq_scans:
+            problem.unroll = lambda: problem  # built with summaries: not usable
+        return problem
     sm, pos = found
     p = sm.params
     jmesh = p["mesh"]
@@ -144,7 +163,8 @@ def _import(seq_fn: Callable, dist_fn: Callable, args: tuple[Any, ...], name: st
                              f"shard_map body sees {dist.tensors[dist_in[i]].shape}")
         inputs.append(rel)
     dist.inputs = [t for t in dist_in if t is not None]
-    dist.outputs = walk(Ctx(db, mesh, True), body, body_ids)
+    dist_scans: list[Any] | None = [] if summarise else None
+    dist.outputs = walk(Ctx(db, mesh, True, scans=dist_scans), body, body_ids)
 
     if len(dist.outputs) != len(seq.outputs):
         raise InputError(f"seq_fn returns {len(seq.outputs)} arrays but dist_fn returns "
@@ -160,7 +180,23 @@ def _import(seq_fn: Callable, dist_fn: Callable, args: tuple[Any, ...], name: st
         outputs.append(rel)
     seq.input_names = dist.input_names = [f"in{i}" for i in range(n_top)]
     seq.output_names = dist.output_names = [f"out{i}" for i in range(len(seq.outputs))]
-    return Problem(seq, dist, mesh, inputs, outputs, ids, [], name)
+    problem = Problem(seq, dist, mesh, inputs, outputs, ids, [], name)
+    if seq_scans or dist_scans:
+        _pair_scans(problem, seq_scans or [], dist_scans or [])
+    return problem
+
+
+def _pair_scans(problem: Problem, seq_scans: list[Any], dist_scans: list[Any]) -> None:
+    """problem.scans: the summaries of the scans that pair (dlverify/induction.py);
+    when they do not all pair, none is kept and `unroll` is set to say so."""
+    from dlverify.induction import ScanSummary, pair_scans
+
+    if pair_scans(seq_scans, dist_scans) is not None:
+        problem.unroll = lambda: problem  # marks "rebuild unrolled" for import_jax
+        return
+    for a, b in zip(seq_scans, dist_scans):
+        body = Problem(a.body, b.body, problem.mesh, [], [], problem.ids, [], f"{problem.name} {b.where}")
+        problem.scans.append(ScanSummary(a, b, body))
 
 
 def _import_global(seq: Graph, seq_in: list[int], dist_closed: Any, ids: IdAllocator,

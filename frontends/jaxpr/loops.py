@@ -27,7 +27,7 @@ import numpy as np
 
 from dlverify.errors import UnknownOpError
 from dlverify.frontends.jaxpr.walk import Ctx, _elementwise, _loc, _out, _where, exporter, walk
-from dlverify.ir import SourceLoc
+from dlverify.ir import Graph, GraphBuilder, Op, SourceLoc
 from dlverify.ops.export import reshape_groups
 
 MAX_UNROLLED_EQNS = 400_000  # iterations x body equations: beyond this the IR would not fit
@@ -92,11 +92,87 @@ def _stack(ctx: Ctx, rows: list[int], shape: tuple[int, ...], dtype: str, loc: S
     return out
 
 
+MAX_CONST_CONE = 256  # ops of a const computed from constants alone copied into a summarised body
+
+
+def _constant_cone(graph: Graph, producer: dict[int, Op], t: int) -> list[Op] | None:
+    """The ops computing `t` from constants alone (no input, no placeholder), in
+    program order; None when `t` depends on anything else or the cone is large."""
+    ops: dict[int, Op] = {}
+    stack = [t]
+    while stack:
+        x = stack.pop()
+        op = producer.get(x)
+        if op is None:
+            return None
+        if op.id in ops:
+            continue
+        ops[op.id] = op
+        if len(ops) > MAX_CONST_CONE:
+            return None
+        stack.extend(op.inputs)
+    position = {op.id: i for i, op in enumerate(graph.ops)}
+    return sorted(ops.values(), key=lambda op: position[op.id])
+
+
+def _summarise(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int] | None:
+    """The scan exported once for induction (dlverify/induction.py): the body as a
+    graph of its own over placeholders, the results as placeholders of this
+    graph, and a ScanSide recorded in ctx.scans. None when the body cannot be
+    exported on its own (it needs values known before run time): unroll it."""
+    from dlverify.induction import ScanSide
+
+    p = eqn.params
+    length, n_consts, n_carry = int(p["length"]), int(p["num_consts"]), int(p["num_carry"])
+    consts, init, xs = ins[:n_consts], ins[n_consts:n_consts + n_carry], ins[n_consts + n_carry:]
+    outer = ctx.b.graph
+    body_graph = Graph(f"{outer.name} scan body")
+    bb = GraphBuilder(body_graph, ctx.b.ids)
+    producer = outer.producer()
+    copied: dict[int, int] = {}
+    seeded: list[int] = []
+    body_consts: list[int] = []
+    body_in: list[int] = []
+    for t in consts:
+        cone = _constant_cone(outer, producer, t)
+        if cone is None:  # a placeholder, seeded from the outer views
+            ph = bb.tensor(outer.tensors[t].shape, outer.tensors[t].dtype, "scan const")
+            seeded.append(t)
+            body_consts.append(ph)
+            body_in.append(ph)
+            continue
+        for op in cone:  # computed in the body itself (a mask, a rotary table)
+            if op.output not in copied:
+                ot = outer.tensors[op.output]
+                copied[op.output] = bb.op(op.kind, [copied[i] for i in op.inputs], ot.shape,
+                                          ot.dtype, dict(op.params), op.loc, op.name)
+        body_in.append(copied[t])
+    carry = [bb.tensor(outer.tensors[t].shape, outer.tensors[t].dtype, "scan carry") for t in init]
+    rows = [bb.tensor(outer.tensors[t].shape[1:], outer.tensors[t].dtype, "scan row") for t in xs]
+    body_ctx = Ctx(bb, ctx.mesh, ctx.in_shard_map, ctx.fallback)  # nested scans: unrolled
+    try:
+        outs = walk(body_ctx, p["jaxpr"], body_in + carry + rows)
+    except UnknownOpError:
+        return None
+    body_graph.outputs = list(outs)
+    loc = _loc(eqn)
+    final = [ctx.b.tensor(*_out(eqn, k), "scan carry") for k in range(n_carry)]
+    ys = [ctx.b.tensor(*_out(eqn, k), "scan ys") for k in range(n_carry, len(eqn.outvars))]
+    ctx.scans.append(ScanSide(f"{loc.file}:{loc.line}", length, bool(p["reverse"]), seeded,
+                              body_consts, list(init), carry, list(xs), rows, final, ys,
+                              body_graph))
+    return final + ys
+
+
 @exporter("scan")
 def _scan(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
     p = eqn.params
     length, n_consts, n_carry = int(p["length"]), int(p["num_consts"]), int(p["num_carry"])
     body = p["jaxpr"]
+    if ctx.scans is not None and length > 0:
+        summary = _summarise(ctx, eqn, ins)
+        if summary is not None:
+            return summary
     _check_size(eqn, length, body)
     loc = _loc(eqn)
     consts, carry, xs = ins[:n_consts], list(ins[n_consts:n_consts + n_carry]), ins[n_consts + n_carry:]

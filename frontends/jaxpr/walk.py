@@ -54,6 +54,9 @@ class Ctx:
     # values known before run time, and the rows of stacks built by unrolled scans
     known: KnownValues = field(default_factory=KnownValues)
     stacks: dict[int, list[int]] = field(default_factory=dict)
+    # the scans exported as summaries (dlverify/induction.py ScanSide) when this
+    # walk verifies scans by induction; None: scans are unrolled
+    scans: list[Any] | None = None
 
     def groups(self, eqn: Any, axes: Any, axis_index_groups: Any = None) -> list[list[int]]:
         if self.mesh is None or not self.in_shard_map:
