@@ -199,6 +199,9 @@ def main() -> int:
         "memo_hits": plan.memo_hits if plan else 0,
         "cache_hits": plan.cache_hits if plan else 0,
         "engine": res.engine, "verified": res.verified,
+        # scans concluded by induction over one body (dlverify/induction.py), or why unrolled
+        "inductions": plan.inductions if plan else [],
+        "notes": res.notes[1:],
     }
     if args.json:
         print(json.dumps(report))
@@ -213,6 +216,8 @@ def main() -> int:
     if plan is not None:
         print(f"  segments {len(plan.segments)}: {plan.engine_runs} engine runs, "
               f"{plan.memo_hits} memo hits ({plan.cache_hits} from the cache)")
+        for line in plan.inductions:
+            print(f"  induction: {line}")
     for note in res.notes[1:]:
         print(f"  note: {note}")
     print(f"verdict: {'verified' if res.verified else 'NOT verified'}")

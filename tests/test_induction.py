@@ -1,0 +1,143 @@
+"""Induction over lax.scan (dlverify/induction.py): paired scans are verified
+once, for every iteration; a carry whose view drifts, or a buggy body, is
+verified again with the scans unrolled (and located at its line as before);
+every view concluded for the scans' results holds on random data."""
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import PartitionSpec as P
+
+import dlverify
+from dlverify.api import verify_problem
+from dlverify.frontends.jaxpr import import_jax
+from dlverify.numeric import run_both, view_error
+
+B, D, F, TP = 4, 8, 16, 2
+
+
+def _args(layers):
+    f32 = jnp.float32
+    return (jax.ShapeDtypeStruct((B, D), f32), jax.ShapeDtypeStruct((layers, D, F), f32),
+            jax.ShapeDtypeStruct((layers, F, D), f32))
+
+
+def _tp(fn, in_specs, out_specs, check_vma=True):
+    mesh = dlverify.host_mesh((TP,), ("tp",))
+    return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                                 check_vma=check_vma))
+
+
+SPECS = (P(), P(None, None, "tp"), P(None, "tp", None))
+
+
+def seq_stack(x, w1, w2):
+    def body(h, w):
+        y = h + jnp.tanh(jnp.tanh(h @ w[0]) @ w[1])
+        return y, y * 2.0
+    return jax.lax.scan(body, x, (w1, w2))
+
+
+def dist_stack(x, w1, w2):
+    def body(h, w):
+        y = h + jnp.tanh(jax.lax.psum(jnp.tanh(h @ w[0]) @ w[1], "tp"))
+        return y, y * 2.0
+    return jax.lax.scan(body, x, (w1, w2))
+
+
+def dist_stack_missing_psum(x, w1, w2):
+    def body(h, w):
+        y = h + jnp.tanh(jnp.tanh(h @ w[0]) @ w[1])  # BUG: no psum of the partial sums
+        return y, y * 2.0
+    return jax.lax.scan(body, x, (w1, w2))
+
+
+def _check_views_numerically(res):
+    """Every complete view (those of the scans' results included) holds on random data."""
+    numeric = run_both(res.problem, seed=3)
+    complete = [v for v in res.views if v.partial is None]
+    assert complete
+    bad = [(v, view_error(numeric, res.problem, v)) for v in complete]
+    assert not [b for b in bad if b[1] > 1e-6], bad[:3]
+
+
+def _verify(seq, dist, args):
+    problem = import_jax(seq, dist, args, name="induction")
+    return problem, verify_problem(problem, engine="clingo")
+
+
+@pytest.mark.parametrize("layers", [1, 5])
+def test_paired_scans_verify_by_induction(layers):
+    problem, res = _verify(seq_stack, _tp(dist_stack, SPECS, (P(), P())), _args(layers))
+    assert res.verified, [f.message for f in res.failures]
+    assert len(res.problem.scans) == 1
+    assert any("verified by induction" in n for n in res.notes), res.notes
+    assert res.segment_plan is not None and len(res.segment_plan.inductions) == 1
+    _check_views_numerically(res)
+    # the stacked outputs ys (out1) got their view from the rows' view
+    ys = res.problem.scans[0].seq.ys[0]
+    assert any(v.seq == ys for v in res.views)
+
+
+def test_export_does_not_grow_with_the_number_of_iterations():
+    dist = _tp(dist_stack, SPECS, (P(), P()))
+    short = import_jax(seq_stack, dist, _args(2))
+    long = import_jax(seq_stack, dist, _args(64))
+    for a, b in ((short.seq, long.seq), (short.dist, long.dist),
+                 (short.scans[0].body.seq, long.scans[0].body.seq),
+                 (short.scans[0].body.dist, long.scans[0].body.dist)):
+        assert len(a.ops) == len(b.ops)
+    res = verify_problem(long, engine="clingo")
+    assert res.verified and any("verified by induction" in n for n in res.notes)
+
+
+def test_missing_psum_in_the_body_never_verifies_and_is_located():
+    _, res = _verify(seq_stack, _tp(dist_stack_missing_psum, SPECS, (P(), P()), False), _args(4))
+    assert not res.verified
+    assert any("unrolled" in n for n in res.notes), res.notes
+    assert not res.problem.scans  # the verdict comes from the unrolled programs
+    from conftest import bug_line
+    line = bug_line(dist_stack_missing_psum)
+    assert line in {fr.line for fr in res.failures[0].frames}, \
+        [(f.op, f.line, f.message) for f in res.failures[:3]]
+
+
+# A carry whose view drifts: each iteration passes rank r's block to rank r + 1.
+def roll_pair(length):
+    def seq_roll(x):
+        return jax.lax.scan(lambda h, _: (jnp.tanh(h), None), x, None, length=length)[0]
+
+    def dist_roll(x):
+        perm = [(r, (r + 1) % TP) for r in range(TP)]
+        return jax.lax.scan(lambda h, _: (jax.lax.ppermute(jnp.tanh(h), "tp", perm), None), x,
+                            None, length=length)[0]
+
+    return seq_roll, _tp(dist_roll, (P(None, "tp"),), P(None, "tp"))
+
+
+@pytest.mark.parametrize("length,expected", [(TP, True), (TP + 1, False)])
+def test_a_drifting_carry_is_unrolled(length, expected):
+    """The view changes at every iteration: the induction never closes, and the
+    unrolled programs decide (back in place after TP iterations, not after TP + 1)."""
+    seq, dist = roll_pair(length)
+    problem, res = _verify(seq, dist, (jax.ShapeDtypeStruct((B, D), jnp.float32),))
+    assert len(problem.scans) == 1  # paired, then unrolled at the engine
+    assert res.verified == expected, [f.message for f in res.failures]
+    assert not any("verified by induction" in n for n in res.notes)
+    assert any("the carry's view after the body differs from before" in n
+               for n in res.notes), res.notes
+    assert not res.problem.scans
+
+
+def test_scans_that_do_not_pair_are_unrolled_at_export():
+    """Different lengths: no summaries, the programs are built unrolled."""
+    def seq(x, w1, w2):
+        return seq_stack(x, w1, w2)
+
+    def dist(x, w1, w2):
+        h, ys = dist_stack(x, w1[:2], w2[:2])
+        h2, ys2 = dist_stack(h, w1[2:], w2[2:])
+        return h2, jnp.concatenate([ys, ys2])
+
+    problem = import_jax(seq, _tp(dist, SPECS, (P(), P())), _args(4))
+    assert not problem.scans
+    assert verify_problem(problem, engine="clingo").verified
