@@ -34,6 +34,20 @@ tensor, so it is represented exactly by splitting the parameter itself:
 `Problem.inputs` then pairs sequential segment i with distributed segment i by
 the plain BlockRelation `split_relation(segment shape, d, ranks)`; both graphs
 gain the same inputs at the same positions (named `paramN.seg<i>`).
+
+Pairing and the distributed program's own inputs. A `[params]` entry may say
+which distributed parameter holds it, `dist = J` (torch_xla numbers parameters
+by first use): `3 = { split = 1, dist = 5 }`, `4 = { replicated = true, dist = 0 }`.
+Unnamed parameters pair by number when every pair's shapes fit, else by
+metadata, shapes and uses (frontends/hlo/param_infer.py), listed as
+assumptions. `"rank0_only"`: rank 0 holds the sequential value and every other
+rank zeros (a row-parallel bias added before the all-reduce); it is
+represented exactly, like a segmented split, by a select on the rank in the
+distributed graph. `[dist_params]` declares the distributed module's inputs
+that have no sequential counterpart, keyed by the distributed parameter
+number: `"rank_id"` (each rank is passed its own rank), `{ value = X }` (the
+same scalar X on every rank, e.g. a loss divisor), `"unused"` (read by
+nothing that reaches an output, e.g. an ordering token).
 """
 from __future__ import annotations
 
@@ -48,19 +62,33 @@ from dlverify.errors import InputError
 
 @dataclass(frozen=True)
 class ParamSpec:
-    """One `[params]` entry: "replicated", or split along `dim` (optionally as
-    a concatenation of evenly split `segments`)."""
+    """One `[params]` entry: "replicated", "rank0_only", or split along `dim`
+    (optionally as a concatenation of evenly split `segments`); `dist`: the
+    distributed parameter number holding it (None: paired by the module)."""
 
-    kind: str                                  # "replicated" | "split"
+    kind: str                                  # "replicated" | "split" | "rank0_only"
     dim: int | None = None
     segments: tuple[int, ...] | None = None
     line: int = 0
+    dist: int | None = None
 
     def describe(self) -> str:
-        if self.kind == "replicated":
-            return "replicated"
+        if self.kind in ("replicated", "rank0_only"):
+            return self.kind
         seg = f", segments = {list(self.segments)}" if self.segments else ""
         return f"{{ split = {self.dim}{seg} }}"
+
+
+@dataclass(frozen=True)
+class DistOnlySpec:
+    """One `[dist_params]` entry: an input of the distributed module only."""
+
+    kind: str                                  # "rank_id" | "value" | "unused"
+    value: float | None = None
+    line: int = 0
+
+    def describe(self) -> str:
+        return f"{{ value = {self.value} }}" if self.kind == "value" else f'"{self.kind}"'
 
 
 @dataclass(frozen=True)
@@ -78,6 +106,7 @@ class Spec:
     ranks: int | None = None
     params: dict[int, ParamSpec] = field(default_factory=dict)
     outputs: dict[int, OutputSpec] | None = None
+    dist_params: dict[int, DistOnlySpec] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------
@@ -138,10 +167,11 @@ def parse_spec(text: str, file: str) -> Spec:
         m = re.search(r"line (\d+)", str(e))
         msg = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(e))
         raise InputError(f"bad TOML: {msg}", file, int(m.group(1)) if m else 0) from None
-    unknown = set(data) - {"ranks", "params", "outputs"}
+    unknown = set(data) - {"ranks", "params", "outputs", "dist_params"}
     if unknown:
         k = sorted(unknown)[0]
-        raise InputError(f"unknown key {k!r} (expected ranks, [params], [outputs])", file,
+        raise InputError(f"unknown key {k!r} (expected ranks, [params], [outputs], "
+                         f"[dist_params])", file,
                          _line_of(text, None, k) or _section_line(text, k))
     spec = Spec(file)
     if "ranks" in data:
@@ -151,28 +181,19 @@ def parse_spec(text: str, file: str) -> Spec:
                              _line_of(text, None, "ranks"))
         spec.ranks = r
     for entry in _numbered_entries(text, file, data, "params", "a parameter number"):
-        n, val, line = entry.n, entry.val, entry.line
-        if val == "replicated":
-            spec.params[n] = ParamSpec("replicated", line=line)
-            continue
-        if not isinstance(val, dict):
-            raise InputError(f"parameter {n}: expected \"replicated\" or {{ split = DIM }} "
-                             f"(optionally with segments = [...]), got {val!r}", file, line)
-        extra = set(val) - {"split", "segments"}
-        if extra or "split" not in val:
-            raise InputError(f"parameter {n}: expected {{ split = DIM }} (optionally with "
-                             f"segments = [...]), got keys {sorted(val)}", file, line)
-        dim = val["split"]
-        if not _int(dim) or dim < 0:
-            raise InputError(f"parameter {n}: split must be a dim number >= 0, got {dim!r}", file, line)
-        segs = val.get("segments")
-        if segs is not None:
-            if (not isinstance(segs, list) or not segs
-                    or not all(_int(s) and s > 0 for s in segs)):
-                raise InputError(f"parameter {n}: segments must be a list of positive sizes, "
-                                 f"got {segs!r}", file, line)
-            segs = tuple(segs)
-        spec.params[n] = ParamSpec("split", dim, segs, line)
+        spec.params[entry.n] = _param_entry(entry, file)
+    for entry in _numbered_entries(text, file, data, "dist_params", "a parameter number"):
+        spec.dist_params[entry.n] = _dist_only_entry(entry, file)
+    for k, ps in spec.params.items():
+        if ps.dist is not None and ps.dist in spec.dist_params:
+            raise InputError(f"parameter {k}: dist = {ps.dist} is also declared in "
+                             f"[dist_params]", file, ps.line)
+    taken = [ps.dist for ps in spec.params.values() if ps.dist is not None]
+    dup = [d for d in set(taken) if taken.count(d) > 1]
+    if dup:
+        line = min(ps.line for ps in spec.params.values() if ps.dist == dup[0])
+        raise InputError(f"distributed parameter {dup[0]} is named by two [params] entries",
+                         file, line)
     if "outputs" in data:
         spec.outputs = {}
         for entry in _numbered_entries(text, file, data, "outputs", "an output position"):
@@ -186,6 +207,57 @@ def parse_spec(text: str, file: str) -> Spec:
                 raise InputError(f"output {n}: expected \"replicated\" or {{ concat = DIM }}, "
                                  f"got {val!r}", file, line)
     return spec
+
+
+_PARAM_FORMS = ('"replicated", "rank0_only", { split = DIM } (optionally with segments = [...]) '
+                'or { replicated = true }, each table optionally with dist = J')
+
+
+def _param_entry(entry: _Entry, file: str) -> ParamSpec:
+    """One `[params]` row."""
+    n, val, line = entry.n, entry.val, entry.line
+    if val in ("replicated", "rank0_only"):
+        return ParamSpec(val, line=line)
+    if not isinstance(val, dict):
+        raise InputError(f"parameter {n}: expected {_PARAM_FORMS}, got {val!r}", file, line)
+    dist = val.get("dist")
+    if dist is not None and (not _int(dist) or dist < 0):
+        raise InputError(f"parameter {n}: dist must be a parameter number >= 0, got {dist!r}",
+                         file, line)
+    body = {k: v for k, v in val.items() if k != "dist"}
+    for kind in ("replicated", "rank0_only"):
+        if set(body) == {kind}:
+            if body[kind] is not True:
+                raise InputError(f"parameter {n}: {kind} must be true, got {body[kind]!r}",
+                                 file, line)
+            return ParamSpec(kind, line=line, dist=dist)
+    extra = set(body) - {"split", "segments"}
+    if extra or "split" not in body:
+        raise InputError(f"parameter {n}: expected {_PARAM_FORMS}, got keys {sorted(val)}",
+                         file, line)
+    dim = body["split"]
+    if not _int(dim) or dim < 0:
+        raise InputError(f"parameter {n}: split must be a dim number >= 0, got {dim!r}", file, line)
+    segs = body.get("segments")
+    if segs is not None:
+        if (not isinstance(segs, list) or not segs
+                or not all(_int(s) and s > 0 for s in segs)):
+            raise InputError(f"parameter {n}: segments must be a list of positive sizes, "
+                             f"got {segs!r}", file, line)
+        segs = tuple(segs)
+    return ParamSpec("split", dim, segs, line, dist)
+
+
+def _dist_only_entry(entry: _Entry, file: str) -> DistOnlySpec:
+    """One `[dist_params]` row."""
+    n, val, line = entry.n, entry.val, entry.line
+    if val in ("rank_id", "unused"):
+        return DistOnlySpec(val, line=line)
+    if isinstance(val, dict) and set(val) == {"value"} and isinstance(val["value"], (int, float)) \
+            and not isinstance(val["value"], bool):
+        return DistOnlySpec("value", float(val["value"]), line)
+    raise InputError(f"distributed parameter {n}: expected \"rank_id\", \"unused\" or "
+                     f"{{ value = NUMBER }}, got {val!r}", file, line)
 
 
 def load_spec(path: str | Path) -> Spec:

@@ -115,7 +115,9 @@ def test_wrong_spec_and_missing_files(tmp_path):
     assert error_line(r).startswith(f"error: {NEURON / 'tp2_layer2.toml'}:27: the spec names parameter 17")
     r = run("check", TP1, tmp_path / "nope.hlo", "--spec", SPEC)
     assert r.exit_code == EXIT_INPUT and "cannot read HLO file" in error_line(r)
-    r = run("check", TP1, TP2)          # no spec, no --ranks, no num_partitions
+    no_groups = tmp_path / "no_groups.hlo"  # no spec, --ranks, num_partitions or replica group
+    no_groups.write_text(Path(TP2).read_text().replace("replica_groups={{0,1}}", "replica_groups={}"))
+    r = run("check", TP1, no_groups)
     assert r.exit_code == EXIT_INPUT and "the number of ranks is unknown" in error_line(r)
     r = run("check", TP1, TP2, "--engine", "prolog")
     assert r.exit_code == EXIT_INPUT and "unknown engine" in error_line(r)

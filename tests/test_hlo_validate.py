@@ -49,7 +49,7 @@ def test_rank_option_is_bounded():
     module = parse_hlo_module(corpus.RANKS_HUGE.content, "r.hlo")
     with pytest.raises(InputError, match=f"1..{MAX_RANKS}"):
         resolve_ranks(module, 99999999999, None)
-    assert resolve_ranks(module, MAX_RANKS, None) == MAX_RANKS
+    assert resolve_ranks(module, MAX_RANKS, None).n == MAX_RANKS
     with pytest.raises(InputError, match="supported"):
         hlo_to_graph(module, IdAllocator(), "g", ranks=MAX_RANKS + 1)
 

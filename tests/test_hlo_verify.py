@@ -66,12 +66,26 @@ def test_neuron_outputs_inferred_without_an_outputs_table(tmp_path):
     assert "output relation inferred: out2 = concat(r0.out2, r1.out2; dim 2)" in res.assumptions
 
 
-def test_neuron_without_the_segments_is_not_verified():
-    # inferred from the shapes alone, the fused QKV weight looks split evenly along
-    # dim 1: the relation is wrong, so nothing may be proved
-    res = verify_hlo(NEURON / "tp1_layer1.hlo", NEURON / "tp2_layer1.hlo", ranks=2)
+def test_neuron_with_a_plain_even_split_of_the_fused_weight_is_not_verified(tmp_path):
+    # stated as one even split along dim 1, the fused QKV weight's relation is
+    # wrong (rank 0 would hold all of Q and half of K): nothing may be proved
+    spec = tmp_path / "even.toml"
+    spec.write_text("ranks = 2\n[params]\n9 = { split = 1 }\n")
+    res = verify_hlo(NEURON / "tp1_layer1.hlo", NEURON / "tp2_layer1.hlo", spec)
     assert not res.verified
-    assert any("parameter 9" in a and "inferred from the shapes" in a for a in res.assumptions)
+
+
+def test_neuron_segments_inferred_without_a_spec():
+    # no spec, no --ranks: the rank count comes from the replica groups, the fused
+    # QKV weight's segments from the sequential program's slices of its product;
+    # both are listed as assumptions with their evidence
+    res = verify_hlo(NEURON / "tp1_layer1.hlo", NEURON / "tp2_layer1.hlo")
+    assert res.verified
+    seg = [a for a in res.assumptions if a.startswith("parameter 9 ")]
+    assert len(seg) == 1 and "segments [2048, 512, 512] of dim 1" in seg[0]
+    assert "cuts dim 1 of its products at [2048, 2560]" in seg[0]
+    assert "its local products at [1024, 1280]" in seg[0]
+    assert any(a.startswith("2 ranks from the replica groups of all-reduce") for a in res.assumptions)
 
 
 def test_elided_constants_with_different_names_stay_unknown(tmp_path):

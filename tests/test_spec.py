@@ -202,15 +202,21 @@ def test_neuron_kv_cache_outputs_agree_numerically():
 
 def test_inferred_relations_are_assumptions():
     p = hlo_problem(TP1, TP2, None, 2, IdAllocator())
-    assert len(p.inputs) == 17 and p.outputs == [None, None, None]
+    # the fused QKV weight (parameter 9) becomes three segment inputs
+    assert len(p.inputs) == 19 and p.outputs == [None, None, None]
     inferred = [a for a in p.assumptions if a.startswith("parameter ")]
     assert len(inferred) == 17
     assert inferred[0] == ("parameter 0 (p0.1, sequential float16[2048,64,4], distributed "
                            "float16[2048,64,4]): replicated (same shape in both programs)")
-    assert inferred[9] == ("parameter 9 (p9.10, sequential float16[2048,3072], distributed "
-                           "float16[2048,1536]): split evenly along dim 1 over 2 ranks, rank "
-                           "order (inferred from the shapes)")
+    assert inferred[9].startswith("parameter 9 (p9.10, sequential float16[2048,3072], distributed "
+                                  "float16[2048,1536]): segments [2048, 512, 512] of dim 1, each "
+                                  "split evenly over 2 ranks, rank order: the sequential program "
+                                  "cuts dim 1 of its products at [2048, 2560]")
+    assert inferred[10] == ("parameter 10 (p10.11, sequential float16[2048,2048], distributed "
+                            "float16[2048,1024]): split evenly along dim 1 over 2 ranks, rank "
+                            "order (inferred from the shapes)")
     assert p.inputs[6].offsets[1] == (0, 0, 4, 0)
+    assert [r.dist_shape for r in p.inputs[9:12]] == [(2048, 1024), (2048, 256), (2048, 256)]
 
 
 def test_partial_spec_infers_the_rest(tmp_path):
@@ -258,16 +264,28 @@ def test_wrong_spec_is_an_input_error(tmp_path):
     assert "parameter 6" in e.message and e.file == str(TP2)   # cannot infer over 4 ranks
 
 
-def test_ranks_must_be_known():
+def test_ranks_must_be_known(tmp_path):
+    # the collectives name no rank (`{}` is every rank) and the header declares none
+    dist = tmp_path / "no_groups.hlo"
+    dist.write_text(TP2.read_text().replace("replica_groups={{0,1}}", "replica_groups={}"))
     with pytest.raises(InputError) as ei:
-        hlo_problem(TP1, TP2, None, None, IdAllocator())
-    assert "--ranks" in ei.value.message
+        hlo_problem(TP1, dist, None, None, IdAllocator())
+    assert "--ranks" in ei.value.message and "collectives name no rank" in ei.value.message
+
+
+def test_ranks_from_the_replica_groups():
+    p = hlo_problem(TP1, TP2, None, None, IdAllocator())
+    assert p.mesh.size == 2
+    assert any(a.startswith("2 ranks from the replica groups of all-reduce at tp2_layer1.hlo:")
+               for a in p.assumptions)
 
 
 def test_parameter_count_mismatch():
+    # 26 sequential parameters against 17: the 17 pair by shapes and uses, the
+    # other 9 are unread stand-ins, and the output counts then disagree
     with pytest.raises(InputError) as ei:
         hlo_problem(DATA / "tp1_layer2.hlo", TP2, None, 2, IdAllocator())
-    assert "26 parameters" in ei.value.message and "17" in ei.value.message
+    assert "returns 5 arrays but the distributed one returns 3" in ei.value.message
 
 
 # ---------------------------------------------------------------------------
@@ -356,6 +374,11 @@ def test_pair_modules_maps_kept_arguments_and_stands_in_for_dropped_ones():
     assert p.dist.tensors[stand_in].shape == (2,)
     assert not any(stand_in in op.inputs for op in p.dist.ops)
     assert p.seq.input_names == p.dist.input_names == ["x", "y", "z"]
-    # Paired by number instead, the parameter counts differ: an error at ENTRY.
-    with pytest.raises(InputError, match="3 parameters but the distributed one has 2"):
-        pair_modules(seq, dist, IdAllocator(), ranks=2)
+    # Without dist_args the counts differ, so parameters pair by shapes and uses;
+    # c has no counterpart (a stand-in, listed as an assumption).
+    p = pair_modules(seq, dist, IdAllocator(), ranks=2)
+    assert p.inputs[0].offsets == ((0, 0), (4, 0)) and p.inputs[1].is_replicated()
+    assert "parameter 2 (c) has no distributed counterpart: the distributed program does not " \
+           "read it" in p.assumptions
+    assert any(a.startswith("parameter 1 (b) paired with distributed parameter 1 (b): "
+                            "compatible shapes, same uses, same number") for a in p.assumptions)

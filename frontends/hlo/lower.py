@@ -47,6 +47,7 @@ class HloParam:
     line: int
     sharding: HloSharding | None = None
     relation: BlockRelation | None = None  # the tile each device holds, if annotated
+    op_name: str = ""                      # its metadata op_name (a name the framework gave it)
 
 
 @dataclass
@@ -406,8 +407,10 @@ def hlo_to_graph(module: HloModule, ids: IdAllocator, name: str, *, ranks: int |
                 raise InputError(f"{ins.name}: {e}", module.file, ins.line) from None
             relation = sharding.relation(ins.shape.dims, module.partitioned,
                                          L.ranks if L.ranks > 1 else None)
+        md = ins.attrs.get("metadata")
+        op_name = parse_metadata(md).get("op_name", "") if md else ""
         params.append(HloParam(k, ins.name, ins.shape.dims, ins.shape.dtype, t, ins.line,
-                               sharding, relation))
+                               sharding, relation, op_name))
         args.append(t)
     graph.inputs = [p.tensor for p in params]
     graph.input_names = [f"param{p.number}" for p in params]

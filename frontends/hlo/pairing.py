@@ -28,10 +28,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from dlverify.errors import InputError
 from dlverify.frontends.hlo.lower import HloParam, hlo_to_graph
 from dlverify.frontends.hlo.model import FLAT_AXIS, MAX_RANKS, HloModule
-from dlverify.ir import Frame, Graph, IdAllocator, Mesh, Op, SourceLoc, Tensor
+from dlverify.frontends.hlo.boundary import (constant_value, opaque_value, rank0_only_input,
+                                             rank_id_value, segment_input)
+from dlverify.frontends.hlo.param_infer import (RankCount, infer_segments, match_params,
+                                                ranks_from_collectives, shapes_compatible)
+from dlverify.ir import Frame, Graph, IdAllocator, Mesh, SourceLoc, Tensor
 from dlverify.problem import Problem
 from dlverify.relations import BlockRelation, replicated, split_relation
 from dlverify.spec import ParamSpec, Spec
@@ -61,11 +67,14 @@ def _shape_str(shape: tuple[int, ...], dtype: str = "") -> str:
     return f"{dtype}[{','.join(map(str, shape))}]"
 
 
-def resolve_ranks(dist_mod: HloModule, ranks: int | None, spec: Spec | None) -> int:
+def resolve_ranks(dist_mod: HloModule, ranks: int | None, spec: Spec | None) -> RankCount:
     """The rank count: `ranks` (the --ranks argument), else the spec's, else the
-    module header's; it must agree with the header when the header declares one."""
+    module header's, else the largest rank the collectives name (evidence
+    set: an assumption); it must agree with the header when the header
+    declares one."""
     spec_file = spec.file if spec is not None else ""
     header_n = (dist_mod.num_partitions or 1) * (dist_mod.replica_count or 1)
+    evidence = ""
     if ranks is not None:
         n, source, where = ranks, "--ranks", dist_mod.file
     elif spec is not None and spec.ranks is not None:
@@ -73,29 +82,79 @@ def resolve_ranks(dist_mod: HloModule, ranks: int | None, spec: Spec | None) -> 
     elif header_n > 1:
         n, source, where = header_n, "num_partitions/replica_count", dist_mod.file
     else:
-        raise InputError("the number of ranks is unknown: the distributed module declares no "
-                         "num_partitions or replica_count; pass --ranks or set `ranks` in the spec",
-                         dist_mod.file)
+        found = ranks_from_collectives(dist_mod)
+        if found is None:
+            raise InputError("the number of ranks is unknown: the distributed module declares no "
+                             "num_partitions or replica_count and its collectives name no rank; "
+                             "pass --ranks or set `ranks` in the spec", dist_mod.file)
+        n, source, where, evidence = found.n, "the collectives", dist_mod.file, found.evidence
     if not 1 <= n <= MAX_RANKS:
         raise InputError(f"{source} gives {n} ranks: the supported range is 1..{MAX_RANKS}", where)
     if header_n > 1 and header_n != n:
         raise InputError(f"{source} says {n} ranks but the module declares "
                          f"num_partitions * replica_count = {header_n}", dist_mod.file)
-    return n
+    return RankCount(n, evidence)
 
 
-def _pair_params(sp: list[HloParam], dp: list[HloParam], dist_args: list[int] | None,
-                 dist_mod: HloModule) -> list[ParamPair]:
-    if dist_args is None:
-        if len(sp) != len(dp):
-            raise InputError(f"the sequential module has {len(sp)} parameters but the distributed "
-                             f"one has {len(dp)}", dist_mod.file, dist_mod.entry.line)
-        return [ParamPair(a, b) for a, b in zip(sp, dp)]
-    if len(dp) != len(dist_args):
-        raise InputError(f"the distributed module has {len(dp)} parameters but {len(dist_args)} "
-                         f"arguments were kept", dist_mod.file, dist_mod.entry.line)
-    by_arg = dict(zip(dist_args, dp))
-    return [ParamPair(a, by_arg.get(i)) for i, a in enumerate(sp)]
+def _pair_params(seq: Graph, sp: list[HloParam], dist: Graph, dp: list[HloParam],
+                 dist_args: list[int] | None, spec: Spec | None, n: int, files: tuple[str, str],
+                 assumptions: list[str]) -> list[ParamPair]:
+    """One ParamPair per sequential parameter, in number order. `dist_args`
+    (from jax.jit) fixes the pairing; else the spec's `dist = J` entries, then
+    the parameter numbers when every such pair's dtypes and shapes fit, else
+    `param_infer.match_params` (each pair it makes is an assumption)."""
+    seq_file, dist_file = files
+    if dist_args is not None:
+        if len(dp) != len(dist_args):
+            raise InputError(f"the distributed module has {len(dp)} parameters but "
+                             f"{len(dist_args)} arguments were kept", dist_file)
+        by_arg = dict(zip(dist_args, dp))
+        return [ParamPair(a, by_arg.get(i)) for i, a in enumerate(sp)]
+    spec_file = spec.file if spec is not None else ""
+    spec_params = spec.params if spec is not None else {}
+    dist_only = spec.dist_params if spec is not None else {}
+    for j, ds in dist_only.items():
+        if j >= len(dp):
+            raise InputError(f"[dist_params] names parameter {j}, but the distributed module has "
+                             f"{len(dp)} parameters", spec_file, ds.line)
+    explicit = {k: ps.dist for k, ps in spec_params.items() if ps.dist is not None}
+    for k, j in explicit.items():
+        if j >= len(dp):
+            raise InputError(f"parameter {k}: dist = {j}, but the distributed module has "
+                             f"{len(dp)} parameters", spec_file, spec_params[k].line)
+    free_s = [a for a in sp if a.number not in explicit]
+    free_d = [b for b in dp if b.number not in explicit.values() and b.number not in dist_only]
+
+    def fits(a: HloParam, b: HloParam) -> bool:
+        annotated = b.relation is not None and b.relation.seq_shape == a.shape
+        return a.dtype == b.dtype and (a.number in spec_params or annotated
+                                       or shapes_compatible(a.shape, b.shape, n))
+    if len(free_s) == len(free_d) and all(a.number == b.number and fits(a, b)
+                                           for a, b in zip(free_s, free_d)):
+        chosen = {a.number: b for a, b in zip(free_s, free_d)}
+    else:
+        found = match_params(free_s, free_d, seq, dist, fits)
+        by_num = {b.number: b for b in dp}
+        chosen = {m.seq: by_num[m.dist] for m in found.matches}
+        for m in found.matches:
+            assumptions.append(f"parameter {m.seq} ({sp[m.seq].name}) paired with distributed "
+                               f"parameter {m.dist} ({by_num[m.dist].name}): {m.evidence}")
+        if found.unpaired_dist:
+            b = by_num[found.unpaired_dist[0]]
+            cands = [f"{a.number} ({_shape_str(a.shape, a.dtype)})" for a in sp
+                     if a.number not in chosen and a.dtype == b.dtype] or ["none"]
+            raise InputError(f"distributed parameter {b.number} ({b.name} "
+                             f"{_shape_str(b.shape, b.dtype)}) has no sequential counterpart "
+                             f"(unpaired sequential parameters of its dtype: {', '.join(cands)}): "
+                             f"pair it with dist = {b.number} in the spec's [params], or declare "
+                             f"it in [dist_params] as \"rank_id\", \"unused\" or "
+                             f"{{ value = X }}", dist_file, b.line)
+        for k in found.unpaired_seq:
+            assumptions.append(f"parameter {k} ({sp[k].name}) has no distributed counterpart: "
+                               f"the distributed program does not read it")
+    by_num = {b.number: b for b in dp}
+    chosen.update({k: by_num[j] for k, j in explicit.items()})
+    return [ParamPair(a, chosen.get(a.number)) for a in sp]
 
 
 def _infer(k: int, name: str, s_shape: tuple[int, ...], d_shape: tuple[int, ...], ranks: int,
@@ -114,8 +173,20 @@ def _infer(k: int, name: str, s_shape: tuple[int, ...], d_shape: tuple[int, ...]
                      f"over {ranks} ranks: name it in the spec's [params]", dist_file, line)
 
 
-def _unspecified_relation(pair: ParamPair, n: int, policy: ParamPolicy, dist_file: str,
-                          assumptions: list[str]) -> BlockRelation:
+@dataclass(frozen=True)
+class _Decision:
+    """How one parameter pair is related: a block relation, or (relation None)
+    a segmented split of `segment_dim` into `segments`, or rank-0-only; the
+    last two are written into the graphs as ops (frontends/hlo/boundary.py)."""
+
+    relation: BlockRelation | None
+    segment_dim: int | None = None
+    segments: tuple[int, ...] | None = None
+    rank0_only: bool = False
+
+
+def _unspecified(pair: ParamPair, n: int, policy: ParamPolicy, seq: Graph, dist: Graph,
+                 dist_file: str, assumptions: list[str]) -> _Decision:
     """The relation of a parameter the spec does not name."""
     a, b = pair.seq, pair.dist
     assert b is not None
@@ -126,31 +197,39 @@ def _unspecified_relation(pair: ParamPair, n: int, policy: ParamPolicy, dist_fil
             sh = b.sharding.text if b.sharding is not None else ""
             assumptions.append(f"parameter {a.number} ({b.name}): relation from its sharding "
                                f"annotation sharding={sh}")
-        return rel
+        return _Decision(rel)
     if policy.infer_from_shapes:
         rel, why = _infer(a.number, b.name, a.shape, b.shape, n, dist_file, b.line)
-        assumptions.append(f"parameter {a.number} ({b.name}, sequential "
-                           f"{_shape_str(a.shape, a.dtype)}, distributed "
-                           f"{_shape_str(b.shape, b.dtype)}): {why}")
-        return rel
+        head = (f"parameter {a.number} ({b.name}, sequential {_shape_str(a.shape, a.dtype)}, "
+                f"distributed {_shape_str(b.shape, b.dtype)})")
+        split = [d for d, (x, y) in enumerate(zip(a.shape, b.shape)) if x != y]
+        segs = infer_segments(seq, a.tensor, dist, b.tensor, split[0], n) if split else None
+        if segs is not None:
+            assumptions.append(f"{head}: segments {list(segs.sizes)} of dim {segs.dim}, each "
+                               f"split evenly over {n} ranks, rank order: {segs.evidence}")
+            return _Decision(None, segs.dim, segs.sizes)
+        assumptions.append(f"{head}: {why}")
+        return _Decision(rel)
     if b.sharding is None and n == 1:
-        return replicated(a.shape, n)
+        return _Decision(replicated(a.shape, n))
     sh = b.sharding.text if b.sharding is not None else "none"
     raise InputError(f"parameter {a.number} ({a.name}): the distributed parameter {b.name} "
                      f"{list(b.shape)} has sharding={sh}, which does not give each device an even "
                      f"block of the sequential {list(a.shape)}", dist_file, b.line)
 
 
-def _spec_relation(pair: ParamPair, ps: ParamSpec, n: int, spec_file: str) -> BlockRelation | None:
-    """The relation the spec states (None for a segmented split, built later)."""
+def _spec_decision(pair: ParamPair, ps: ParamSpec, n: int, spec_file: str) -> _Decision:
+    """The relation the spec states."""
     a, b = pair.seq, pair.dist
     assert b is not None
     where = f"parameter {a.number} ({b.name}): spec {ps.describe()}"
-    if ps.kind == "replicated":
+    if ps.kind in ("replicated", "rank0_only"):
         if a.shape != b.shape:
             raise InputError(f"{where}, but the sequential shape {_shape_str(a.shape)} differs "
                              f"from the distributed {_shape_str(b.shape)}", spec_file, ps.line)
-        return replicated(a.shape, n)
+        if ps.kind == "rank0_only":
+            return _Decision(None, rank0_only=True)
+        return _Decision(replicated(a.shape, n))
     d = ps.dim
     assert d is not None
     if d >= len(a.shape):
@@ -170,7 +249,7 @@ def _spec_relation(pair: ParamPair, ps: ParamSpec, n: int, spec_file: str) -> Bl
             raise InputError(f"{where} gives local shape {_shape_str(local)}, but the "
                              f"distributed module declares {_shape_str(b.shape)}",
                              spec_file, ps.line)
-        return None
+        return _Decision(None, d, ps.segments)
     if a.shape[d] % n:
         raise InputError(f"{where}: dim {d} of size {a.shape[d]} does not split evenly over "
                          f"{n} ranks", spec_file, ps.line)
@@ -178,24 +257,36 @@ def _spec_relation(pair: ParamPair, ps: ParamSpec, n: int, spec_file: str) -> Bl
     if rel.dist_shape != b.shape:
         raise InputError(f"{where} gives local shape {_shape_str(rel.dist_shape)}, but the "
                          f"distributed module declares {_shape_str(b.shape)}", spec_file, ps.line)
-    return rel
+    return _Decision(rel)
 
 
-def _segment(graph: Graph, ids: IdAllocator, pos: int, dim: int, piece_shapes: list[tuple[int, ...]],
-             name: str, loc: SourceLoc) -> None:
-    """Replace input `pos` of `graph` by one fresh input per piece and make the old
-    input tensor their concatenation along `dim`."""
-    t = graph.inputs[pos]
-    dtype = graph.tensors[t].dtype
-    pieces = []
-    for i, shp in enumerate(piece_shapes):
-        tid = ids()
-        graph.tensors[tid] = Tensor(tid, tuple(shp), dtype, f"{name}.seg{i}")
-        pieces.append(tid)
-    graph.ops.insert(0, Op(ids(), "concatenate", list(pieces), t, {"dimension": dim}, loc,
-                           f"{name}.segments"))
-    graph.inputs[pos:pos + 1] = pieces
-    graph.input_names[pos:pos + 1] = [f"{name}.seg{i}" for i in range(len(pieces))]
+def _dist_only_values(dist: Graph, ids: IdAllocator, dp: list[HloParam], spec: Spec | None,
+                      dist_file: str) -> None:
+    """The distributed-only parameters the spec declares become what it says they
+    hold (they are no longer inputs: `pair_modules` rebuilds the input list)."""
+    if spec is None:
+        return
+    for j, ds in sorted(spec.dist_params.items()):
+        b = dp[j]
+        loc = SourceLoc((Frame(dist_file, b.line, b.name),), "")
+        label = f"dist_param{j}"
+        if ds.kind == "rank_id":
+            if b.dtype not in _INT_DTYPES or len(b.shape) > 1 or (b.shape and b.shape[0] != 1):
+                raise InputError(f"[dist_params] {j} = \"rank_id\": {b.name} is "
+                                 f"{_shape_str(b.shape, b.dtype)}, not an integer scalar",
+                                 spec.file, ds.line)
+            rank_id_value(dist, ids, b.tensor, label, loc)
+        elif ds.kind == "value":
+            if len(b.shape) and int(np.prod(b.shape)) != 1:
+                raise InputError(f"[dist_params] {j} = {ds.describe()}: {b.name} is "
+                                 f"{_shape_str(b.shape, b.dtype)}, not a scalar", spec.file, ds.line)
+            assert ds.value is not None
+            constant_value(dist, ids, b.tensor, ds.value, label, loc)
+        else:
+            opaque_value(dist, ids, b.tensor, label, loc)
+
+
+_INT_DTYPES = frozenset({"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"})
 
 
 def _spec_outputs(spec: Spec, seq_outs: list[tuple[int, ...]], dist_outs: list[tuple[int, ...]],
@@ -240,13 +331,18 @@ def pair_modules(seq_mod: HloModule, dist_mod: HloModule, ids: IdAllocator, *,
     paramN); `expected_outputs`: output relations from the caller (used where
     the spec has no `[outputs]` entry; an output whose distributed shape
     disagrees with it is an error)."""
-    n = resolve_ranks(dist_mod, ranks, spec)
+    rank_count = resolve_ranks(dist_mod, ranks, spec)
+    n = rank_count.n
     spec_file = spec.file if spec is not None else ""
     seq, seq_info = hlo_to_graph(seq_mod, ids, "sequential", custom_calls=custom_calls,
                                  instruction_frames=instruction_frames)
     dist, dist_info = hlo_to_graph(dist_mod, ids, "distributed", ranks=n,
                                    custom_calls=custom_calls, instruction_frames=instruction_frames)
-    pairs = _pair_params(seq_info.params, dist_info.params, dist_args, dist_mod)
+    assumptions = list(dict.fromkeys(seq_info.assumptions + dist_info.assumptions))
+    if rank_count.evidence:
+        assumptions.append(rank_count.evidence)
+    pairs = _pair_params(seq, seq_info.params, dist, dist_info.params, dist_args, spec, n,
+                         (seq_mod.file, dist_mod.file), assumptions)
     spec_params = spec.params if spec is not None else {}
     for k, ps in spec_params.items():
         if k >= len(pairs):
@@ -255,9 +351,9 @@ def pair_modules(seq_mod: HloModule, dist_mod: HloModule, ids: IdAllocator, *,
     if input_names is not None and len(input_names) != len(pairs):
         raise InputError(f"the sequential module has {len(pairs)} parameters for "
                          f"{len(input_names)} array arguments", seq_mod.file, seq_mod.entry.line)
+    _dist_only_values(dist, ids, dist_info.params, spec, dist_mod.file)
 
-    assumptions = list(dict.fromkeys(seq_info.assumptions + dist_info.assumptions))
-    relations: list[BlockRelation | None] = []
+    decisions: list[_Decision] = []
     dist_inputs: list[int] = []
     for pair in pairs:
         a, b = pair.seq, pair.dist
@@ -265,7 +361,7 @@ def pair_modules(seq_mod: HloModule, dist_mod: HloModule, ids: IdAllocator, *,
             tid = ids()
             dist.tensors[tid] = Tensor(tid, a.shape, a.dtype, a.name)
             dist_inputs.append(tid)
-            relations.append(replicated(a.shape, n))
+            decisions.append(_Decision(replicated(a.shape, n)))
             continue
         dist_inputs.append(b.tensor)
         if a.dtype != b.dtype:
@@ -273,30 +369,38 @@ def pair_modules(seq_mod: HloModule, dist_mod: HloModule, ids: IdAllocator, *,
                              f"module but {a.dtype} in the sequential one", dist_mod.file, b.line)
         ps = spec_params.get(a.number)
         if ps is None:
-            relations.append(_unspecified_relation(pair, n, policy, dist_mod.file, assumptions))
+            decisions.append(_unspecified(pair, n, policy, seq, dist, dist_mod.file, assumptions))
         else:
-            relations.append(_spec_relation(pair, ps, n, spec_file))
+            decisions.append(_spec_decision(pair, ps, n, spec_file))
     dist.inputs = dist_inputs
-    if input_names is not None:
-        seq.input_names = dist.input_names = list(input_names)
+    seq.input_names = list(input_names) if input_names is not None else \
+        [f"param{p.seq.number}" for p in pairs]
+    dist.input_names = list(seq.input_names)
 
-    # Segmented parameters: split both graphs' inputs (highest position first so
-    # earlier positions stay valid).
+    # Relations stated as ops (frontends/hlo/boundary.py); segmented parameters
+    # split both graphs' inputs, highest position first so earlier positions stay valid.
+    per_pos: list[list[BlockRelation]] = [[] for _ in pairs]
     for pos in reversed(range(len(pairs))):
-        ps = spec_params.get(pairs[pos].seq.number)
-        if relations[pos] is not None or ps is None or not ps.segments:
+        dec, a, b = decisions[pos], pairs[pos].seq, pairs[pos].dist
+        if dec.relation is not None:
+            per_pos[pos] = [dec.relation]
             continue
-        a, b = pairs[pos].seq, pairs[pos].dist
-        assert b is not None and ps.dim is not None
-        d = ps.dim
-        seg_seq = [a.shape[:d] + (s,) + a.shape[d + 1:] for s in ps.segments]
-        seg_dist = [a.shape[:d] + (s // n,) + a.shape[d + 1:] for s in ps.segments]
+        assert b is not None
         label = f"param{a.number}"
-        _segment(seq, ids, seq.inputs.index(a.tensor), d, seg_seq, label,
-                 SourceLoc((Frame(seq_mod.file, a.line, a.name),), ""))
-        _segment(dist, ids, dist.inputs.index(b.tensor), d, seg_dist, label,
-                 SourceLoc((Frame(dist_mod.file, b.line, b.name),), ""))
-        relations[pos:pos + 1] = [split_relation(s, d, n) for s in seg_seq]
+        seq_loc = SourceLoc((Frame(seq_mod.file, a.line, a.name),), "")
+        dist_loc = SourceLoc((Frame(dist_mod.file, b.line, b.name),), "")
+        if dec.rank0_only:
+            rank0_only_input(dist, ids, b.tensor, label, dist_loc)
+            per_pos[pos] = [replicated(a.shape, n)]
+            continue
+        d, sizes = dec.segment_dim, dec.segments
+        assert d is not None and sizes is not None
+        seg_seq = [a.shape[:d] + (s,) + a.shape[d + 1:] for s in sizes]
+        seg_dist = [a.shape[:d] + (s // n,) + a.shape[d + 1:] for s in sizes]
+        segment_input(seq, ids, seq.inputs.index(a.tensor), d, seg_seq, label, seq_loc)
+        segment_input(dist, ids, dist.inputs.index(b.tensor), d, seg_dist, label, dist_loc)
+        per_pos[pos] = [split_relation(sh, d, n) for sh in seg_seq]
+    relations = [r for group in per_pos for r in group]
 
     seq_outs = [shape for shape, _ in seq_info.outputs]
     dist_outs = [shape for shape, _ in dist_info.outputs]
