@@ -104,6 +104,8 @@ def _case_problems(path: Path, name: str | None) -> list[tuple[str, Problem]]:
         c = build_case(path, case_name, fn)
         try:
             problem, _ = jax_problem(c.seq, c.dist, *c.args, name=case_name)
+            if problem.scans and problem.unroll is not None:  # every iteration's rules counted
+                problem = problem.unroll()
         except InputError as e:
             if not e.file:
                 e.file = str(path)
