@@ -443,6 +443,47 @@ def check_dump(
     _run_command(body)
 
 
+@app.command("spec")
+def spec_cmd(
+    seq: Path = typer.Argument(..., help="the sequential HLO text module"),
+    dist: Path = typer.Argument(..., help="the distributed (SPMD, per-rank) HLO text module"),
+    out: Optional[Path] = typer.Option(None, "--output", "-o", help="write the spec here instead of stdout"),
+    spec: Optional[Path] = typer.Option(None, "--spec", help="a partial spec whose statements are kept (e.g. its [dist_params])"),
+    ranks: Optional[int] = typer.Option(None, "--ranks", help="number of ranks (default: the spec's, the module's, else the collectives')"),
+    custom_calls: Optional[Path] = typer.Option(None, "--custom-calls", help="custom-call registry TOML merged over the built-in one"),
+    engine: str = typer.Option("auto", help="auto | clingo | souffle"),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help=TIMEOUT_HELP),
+    max_memory: Optional[str] = typer.Option(None, "--max-memory", help=MEMORY_HELP),
+) -> None:
+    """Print the relation spec dlverify infers for an HLO pair, one evidence comment per
+    entry (exit 0 if the pair verifies under it, 1 if not)."""
+    def body() -> None:
+        from dlverify.tasks import SpecJob, run_spec_task
+
+        memory = check_common(engine, timeout, max_memory, None, {}, None, None, None)
+        for p in (seq, dist):
+            if not p.is_file():
+                raise InputError("cannot read HLO file: "
+                                 + ("not a file" if p.exists() else "no such file"), str(p))
+        toml_ok(spec, "--spec")
+        toml_ok(custom_calls, "--custom-calls")
+        run = _Run(_Options(False, False, timeout, memory, None, None), noun="module pair")
+        with _Display(_display_enabled(False), 1) as display:
+            display.start(str(dist))
+            got = run.supervise(run_spec_task, (SpecJob(seq, dist, spec, ranks, engine,
+                                                        custom_calls),), display)
+        if not got.ok:
+            run.failed(got, "", str(dist))
+            raise typer.Exit(run.code)
+        if out is not None:
+            out.write_text(got.value.text, encoding="utf-8")
+        else:
+            typer.echo(got.value.text, nl=False)
+        raise typer.Exit(EXIT_OK if got.value.verified else EXIT_MISMATCH)
+
+    _run_command(body)
+
+
 @app.command("zoo")
 def zoo(
     targets: list[str] = typer.Argument(..., help="manifest .toml, case files (PATH.py[::NAME]), folders, globs"),

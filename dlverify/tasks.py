@@ -62,6 +62,27 @@ class HloJob:
     patterns: tuple[Pattern, ...] | None = None  # the bug patterns; None: the shipped ones
 
 
+@dataclass(frozen=True)
+class SpecJob:
+    """`dlverify spec`: infer the relation spec of an HLO pair."""
+
+    seq: Path
+    dist: Path
+    spec: Path | None = None
+    ranks: int | None = None
+    engine: str = "auto"
+    custom_calls: Path | None = None
+
+
+def run_spec_task(job: SpecJob, reporter: Reporter = NULL_REPORTER):
+    """Infer the spec (dlverify.spec_writer.InferredSpec)."""
+    from dlverify.spec_writer import infer_spec
+
+    reporter.phase("infer")
+    return infer_spec(job.seq, job.dist, job.spec, ranks=job.ranks, engine=job.engine,
+                      custom_calls=job.custom_calls)
+
+
 @dataclass
 class ItemRun:
     """One verified item: the lines the text report prints for it, its status,

@@ -61,6 +61,19 @@ class ParamPair:
 
     seq: HloParam
     dist: HloParam | None
+    evidence: str = ""     # why these two pair, when the numbers alone did not say
+
+
+@dataclass(frozen=True)
+class ParamRecord:
+    """How sequential parameter `seq` was paired and related, for `dlverify spec`:
+    the spec entry that states it and the evidence (empty when the spec or the
+    caller stated it)."""
+
+    seq: int
+    dist: int | None
+    entry: ParamSpec | None     # None: no spec entry can state the relation
+    evidence: str = ""
 
 
 def _shape_str(shape: tuple[int, ...], dtype: str = "") -> str:
@@ -132,10 +145,12 @@ def _pair_params(seq: Graph, sp: list[HloParam], dist: Graph, dp: list[HloParam]
     if len(free_s) == len(free_d) and all(a.number == b.number and fits(a, b)
                                            for a, b in zip(free_s, free_d)):
         chosen = {a.number: b for a, b in zip(free_s, free_d)}
+        why: dict[int, str] = {}
     else:
         found = match_params(free_s, free_d, seq, dist, fits)
         by_num = {b.number: b for b in dp}
         chosen = {m.seq: by_num[m.dist] for m in found.matches}
+        why = {m.seq: m.evidence for m in found.matches}
         for m in found.matches:
             assumptions.append(f"parameter {m.seq} ({sp[m.seq].name}) paired with distributed "
                                f"parameter {m.dist} ({by_num[m.dist].name}): {m.evidence}")
@@ -154,7 +169,7 @@ def _pair_params(seq: Graph, sp: list[HloParam], dist: Graph, dp: list[HloParam]
                                f"the distributed program does not read it")
     by_num = {b.number: b for b in dp}
     chosen.update({k: by_num[j] for k, j in explicit.items()})
-    return [ParamPair(a, chosen.get(a.number)) for a in sp]
+    return [ParamPair(a, chosen.get(a.number), why.get(a.number, "")) for a in sp]
 
 
 def _infer(k: int, name: str, s_shape: tuple[int, ...], d_shape: tuple[int, ...], ranks: int,
@@ -183,6 +198,7 @@ class _Decision:
     segment_dim: int | None = None
     segments: tuple[int, ...] | None = None
     rank0_only: bool = False
+    evidence: str = ""     # why, when neither the spec nor the caller stated it
 
 
 def _unspecified(pair: ParamPair, n: int, policy: ParamPolicy, seq: Graph, dist: Graph,
@@ -197,7 +213,8 @@ def _unspecified(pair: ParamPair, n: int, policy: ParamPolicy, seq: Graph, dist:
             sh = b.sharding.text if b.sharding is not None else ""
             assumptions.append(f"parameter {a.number} ({b.name}): relation from its sharding "
                                f"annotation sharding={sh}")
-        return _Decision(rel)
+        return _Decision(rel, evidence=f"from its sharding annotation sharding="
+                                       f"{b.sharding.text if b.sharding is not None else ''}")
     if policy.infer_from_shapes:
         rel, why = _infer(a.number, b.name, a.shape, b.shape, n, dist_file, b.line)
         head = (f"parameter {a.number} ({b.name}, sequential {_shape_str(a.shape, a.dtype)}, "
@@ -207,15 +224,38 @@ def _unspecified(pair: ParamPair, n: int, policy: ParamPolicy, seq: Graph, dist:
         if segs is not None:
             assumptions.append(f"{head}: segments {list(segs.sizes)} of dim {segs.dim}, each "
                                f"split evenly over {n} ranks, rank order: {segs.evidence}")
-            return _Decision(None, segs.dim, segs.sizes)
+            return _Decision(None, segs.dim, segs.sizes, evidence=segs.evidence)
         assumptions.append(f"{head}: {why}")
-        return _Decision(rel)
+        return _Decision(rel, evidence=why)
     if b.sharding is None and n == 1:
         return _Decision(replicated(a.shape, n))
     sh = b.sharding.text if b.sharding is not None else "none"
     raise InputError(f"parameter {a.number} ({a.name}): the distributed parameter {b.name} "
                      f"{list(b.shape)} has sharding={sh}, which does not give each device an even "
                      f"block of the sequential {list(a.shape)}", dist_file, b.line)
+
+
+def _record(pair: ParamPair, dec: _Decision, n: int) -> ParamRecord:
+    """The spec entry stating `dec` (None when no entry can state it, e.g. a
+    2-D tiling read from a sharding annotation)."""
+    a, b = pair.seq, pair.dist
+    dist = b.number if b is not None and b.number != a.number else None
+    why = "; ".join(x for x in (dec.evidence, pair.evidence and f"paired: {pair.evidence}") if x)
+    if dec.rank0_only:
+        entry: ParamSpec | None = ParamSpec("rank0_only", dist=dist)
+    elif dec.segments is not None:
+        entry = ParamSpec("split", dec.segment_dim, dec.segments, dist=dist)
+    else:
+        rel = dec.relation
+        assert rel is not None
+        diff = [d for d, (x, y) in enumerate(zip(rel.seq_shape, rel.dist_shape)) if x != y]
+        if rel.is_replicated():
+            entry = ParamSpec("replicated", dist=dist)
+        elif len(diff) == 1 and rel == split_relation(rel.seq_shape, diff[0], n):
+            entry = ParamSpec("split", diff[0], dist=dist)
+        else:
+            entry = None
+    return ParamRecord(a.number, b.number if b is not None else None, entry, why)
 
 
 def _spec_decision(pair: ParamPair, ps: ParamSpec, n: int, spec_file: str) -> _Decision:
@@ -323,14 +363,16 @@ def pair_modules(seq_mod: HloModule, dist_mod: HloModule, ids: IdAllocator, *,
                  dist_args: list[int] | None = None, input_names: list[str] | None = None,
                  expected_outputs: list[BlockRelation | None] | None = None,
                  policy: ParamPolicy = ParamPolicy(), custom_calls: dict[str, Any] | None = None,
-                 instruction_frames: bool = False, name: str = "") -> Problem:
+                 instruction_frames: bool = False, name: str = "",
+                 records: list[ParamRecord] | None = None) -> Problem:
     """The Problem of a sequential module and a distributed (SPMD, one program
     per rank) module; see the module docstring for the steps. `dist_args`: the
     sequential parameter of each distributed parameter (default: the same
     number); `input_names`: names of the sequential parameters (default
     paramN); `expected_outputs`: output relations from the caller (used where
     the spec has no `[outputs]` entry; an output whose distributed shape
-    disagrees with it is an error)."""
+    disagrees with it is an error); `records`: if given, filled with one
+    ParamRecord per sequential parameter (what `dlverify spec` prints)."""
     rank_count = resolve_ranks(dist_mod, ranks, spec)
     n = rank_count.n
     spec_file = spec.file if spec is not None else ""
@@ -373,6 +415,8 @@ def pair_modules(seq_mod: HloModule, dist_mod: HloModule, ids: IdAllocator, *,
         else:
             decisions.append(_spec_decision(pair, ps, n, spec_file))
     dist.inputs = dist_inputs
+    if records is not None:
+        records.extend(_record(p, d, n) for p, d in zip(pairs, decisions))
     seq.input_names = list(input_names) if input_names is not None else \
         [f"param{p.seq.number}" for p in pairs]
     dist.input_names = list(seq.input_names)
@@ -426,4 +470,4 @@ def pair_modules(seq_mod: HloModule, dist_mod: HloModule, ids: IdAllocator, *,
                    outputs, ids, assumptions, name)
 
 
-__all__ = ["pair_modules", "resolve_ranks", "ParamPolicy", "ParamPair"]
+__all__ = ["pair_modules", "resolve_ranks", "ParamPolicy", "ParamPair", "ParamRecord"]
