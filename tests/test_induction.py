@@ -141,3 +141,27 @@ def test_scans_that_do_not_pair_are_unrolled_at_export():
     problem = import_jax(seq, _tp(dist, SPECS, (P(), P())), _args(4))
     assert not problem.scans
     assert verify_problem(problem, engine="clingo").verified
+
+
+def fori_pair(lo, hi):
+    """fori_loop(lo, hi) reading the stacked weights at the counter: w[i]."""
+    def seq(x, w1, w2):
+        return jax.lax.fori_loop(lo, hi, lambda i, h: h + jnp.tanh(jnp.tanh(h @ w1[i]) @ w2[i]), x)
+
+    def dist(x, w1, w2):
+        return jax.lax.fori_loop(
+            lo, hi, lambda i, h: h + jnp.tanh(jax.lax.psum(jnp.tanh(h @ w1[i]) @ w2[i], "tp")), x)
+
+    return seq, _tp(dist, SPECS, P())
+
+
+@pytest.mark.parametrize("lo,hi", [(0, 4), (1, 3)])
+def test_fori_loop_rows_read_at_the_counter_verify_by_induction(lo, hi):
+    """The counter's index is evaluated for every iteration: w[i] is row i - lo of
+    w[lo:hi], a scanned operand, and the body is verified once."""
+    seq, dist = fori_pair(lo, hi)
+    problem, res = _verify(seq, dist, _args(4))
+    assert res.verified, [f.message for f in res.failures]
+    assert any("verified by induction" in n for n in res.notes), res.notes
+    assert len(res.problem.scans[0].dist.xs) == 2  # w1 and w2 became scanned operands
+    _check_views_numerically(res)

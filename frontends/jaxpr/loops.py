@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from dlverify.errors import UnknownOpError
+from dlverify.frontends.jaxpr.known import KnownValues
 from dlverify.frontends.jaxpr.walk import Ctx, _elementwise, _loc, _out, _where, exporter, walk
 from dlverify.ir import Graph, GraphBuilder, Op, SourceLoc
 from dlverify.ops.export import reshape_groups
@@ -156,12 +157,84 @@ def _summarise(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int] | None:
         return None
     body_graph.outputs = list(outs)
     loc = _loc(eqn)
+    if not p["reverse"]:
+        for w, row in _counter_rows(ctx, body_graph, length, init, carry, dict(zip(body_consts, seeded)),
+                                    outs[:n_carry], loc):
+            xs, rows = list(xs) + [w], rows + [row]
     final = [ctx.b.tensor(*_out(eqn, k), "scan carry") for k in range(n_carry)]
     ys = [ctx.b.tensor(*_out(eqn, k), "scan ys") for k in range(n_carry, len(eqn.outvars))]
     ctx.scans.append(ScanSide(f"{loc.file}:{loc.line}", length, bool(p["reverse"]), seeded,
                               body_consts, list(init), carry, list(xs), rows, final, ys,
                               body_graph))
     return final + ys
+
+
+def _counters(ctx: Ctx, body: Graph, init: list[int], carry: list[int],
+              carry_out: list[int]) -> dict[int, int]:
+    """Carry placeholders that count iterations (`fori_loop`'s index): a known
+    integer initial value, plus 1 per iteration -> their initial values."""
+    producer = body.producer()
+    out: dict[int, int] = {}
+    for t0, c_in, c_out in zip(init, carry, carry_out):
+        op = producer.get(c_out)
+        if op is None or op.kind != "add" or len(op.inputs) != 2 or c_in not in op.inputs:
+            continue
+        step = KnownValues().value(body, op.inputs[1] if op.inputs[0] == c_in else op.inputs[0])
+        start = ctx.known.value(ctx.b.graph, t0)
+        if step is None or start is None or np.asarray(step).size != 1 \
+                or not np.issubdtype(np.asarray(start).dtype, np.integer):
+            continue
+        if int(np.asarray(step).reshape(())) == 1:
+            out[c_in] = int(np.asarray(start).reshape(()))
+    return out
+
+
+def _counter_rows(ctx: Ctx, body: Graph, length: int, init: list[int], carry: list[int],
+                  const_of: dict[int, int], carry_out: list[int],
+                  loc: SourceLoc) -> list[tuple[int, int]]:
+    """`w[i]` in a (forward) loop whose counter i runs a, a+1, ..., a+L-1 reads row t
+    of w[a:a+L] at iteration t: each such dynamic_slice of a seeded const w becomes
+    a reshape of a row placeholder, and w[a:a+L] a scanned operand (so the
+    induction sees rows, not an index unknown in the body). The index is
+    evaluated by the shared evaluator for every iteration. Returns the new
+    (scanned operand, row placeholder) pairs."""
+    counters = _counters(ctx, body, init, carry, carry_out)
+    if not counters:
+        return []
+    out = []
+    for op in body.ops:
+        w = const_of.get(op.inputs[0]) if op.kind == "dynamic_slice" and op.inputs else None
+        if w is None:
+            continue
+        wt = ctx.b.graph.tensors[w]
+        sizes = tuple(op.params["slice_sizes"])
+        if wt.rank == 0 or sizes != (1,) + wt.shape[1:] or len(op.inputs) != wt.rank + 1:
+            continue
+        if any(_value(body, {}, t) != 0 for t in op.inputs[2:]):
+            continue
+        starts = [_value(body, {c: v + it for c, v in counters.items()}, op.inputs[1])
+                  for it in range(length)]
+        if starts[0] is None or starts != list(range(starts[0], starts[0] + length)) \
+                or starts[0] < 0 or starts[0] + length > wt.shape[0]:
+            continue
+        a = starts[0]
+        stacked = w if (a, length) == (0, wt.shape[0]) else ctx.b.op(
+            "slice", [w], (length,) + wt.shape[1:], wt.dtype,
+            {"start_indices": (a,) + (0,) * (wt.rank - 1),
+             "limit_indices": (a + length,) + wt.shape[1:], "strides": None}, loc, "scan")
+        row = GraphBuilder(body, ctx.b.ids).tensor(wt.shape[1:], wt.dtype, "scan row")
+        op.kind, op.inputs, op.params = "reshape", [row], {}  # the row, as the slice's shape
+        out.append((stacked, row))
+    return out
+
+
+def _value(body: Graph, given: dict[int, int], t: int) -> int | None:
+    """Scalar t of `body` evaluated from constants and the `given` counters."""
+    known = KnownValues()
+    for c, v in given.items():
+        known.values[c] = np.asarray(v, dtype=np.dtype(body.tensors[c].dtype))
+    v = known.value(body, t)
+    return None if v is None or np.asarray(v).size != 1 else int(np.asarray(v).reshape(()))
 
 
 @exporter("scan")
