@@ -165,3 +165,37 @@ def test_fori_loop_rows_read_at_the_counter_verify_by_induction(lo, hi):
     assert any("verified by induction" in n for n in res.notes), res.notes
     assert len(res.problem.scans[0].dist.xs) == 2  # w1 and w2 became scanned operands
     _check_views_numerically(res)
+
+
+def dist_stack_wrong_ys(x, w1, w2):
+    def body(h, w):
+        y = h + jnp.tanh(jax.lax.psum(jnp.tanh(h @ w[0]) @ w[1], "tp"))
+        return y, y * 3.0  # BUG: the stacked output is scaled by 3, not 2
+    return jax.lax.scan(body, x, (w1, w2))
+
+
+def test_wrong_stacked_outputs_never_verify():
+    """The carry closes (its view is right), the rows of ys are wrong: not verified."""
+    _, res = _verify(seq_stack, _tp(dist_stack_wrong_ys, SPECS, (P(), P())), _args(3))
+    assert not res.verified
+    assert any("unrolled" in n for n in res.notes), res.notes
+
+
+def test_a_bug_after_the_first_iteration_never_verifies():
+    """The psum is skipped from the second iteration on (the counter decides): the
+    body's result has no view for an unknown counter, so the induction does not
+    close, and the unrolled programs find the partial sums of iteration 1."""
+    def seq(x, w1, w2):
+        return jax.lax.fori_loop(0, 3, lambda i, h: h + jnp.tanh(jnp.tanh(h @ w1[i]) @ w2[i]), x)
+
+    def dist(x, w1, w2):
+        def body(i, h):
+            part = jnp.tanh(h @ w1[i]) @ w2[i]
+            return h + jnp.tanh(jnp.where(i == 0, jax.lax.psum(part, "tp"), part))  # BUG
+        return jax.lax.fori_loop(0, 3, body, x)
+
+    problem, res = _verify(seq, _tp(dist, SPECS, P(), False), _args(3))
+    assert len(problem.scans) == 1
+    assert not res.verified
+    assert not any("verified by induction" in n for n in res.notes)
+    assert any("unrolled" in n for n in res.notes), res.notes
