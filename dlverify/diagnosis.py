@@ -217,6 +217,20 @@ class Judge:
                     has.add(i)
         return has
 
+    def _merged_downstream(self) -> set[int]:
+        """Distributed tensors merged by elementwise maxima (minima) into a complete value
+        (a ring's running max): partial maxima that are reduced, only not yet where a
+        frontier op reads them, so no pmax is missing."""
+        has: set[int] = set()
+        for op in reversed(self.p.dist.ops):
+            merged = op.kind in ("max", "min") and any(
+                v.partial is None for r in range(self.p.mesh.size)
+                for v in self.by_dist.get((op.output, r), []))
+            for i in op.inputs:
+                if merged or op.output in has:
+                    has.add(i)
+        return has
+
     def _unreduced_partial(self, op: Op, rank: int, reduced_later: set[int]) -> Failure | None:
         """A partial operand with no reducing collective anywhere downstream: the bug is
         the missing reduction, at the op that created the partial sum."""
@@ -224,10 +238,14 @@ class Judge:
             return None
         if self._merges_partial_extrema(op, rank):   # a max of partial maxima: reason() says why
             return None
+        if not hasattr(self, "_merged_later"):
+            self._merged_later = self._merged_downstream()
         for t in op.inputs:
             for v in self.by_dist.get((t, rank), []):
                 if v.partial is not None:
                     origin = self.origin(t, rank, [v]) or op
+                    if origin.output in self._merged_later:
+                        continue
                     kind = v.partial.reducer_name
                     reason = "partial result never reduced: add the missing all-reduce" + (
                         "" if kind == "sum" else f" with {kind} (p{kind})")

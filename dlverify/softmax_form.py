@@ -65,6 +65,39 @@ def _big(shape: tuple[int, ...]) -> list[int]:
     return [i for i, n in enumerate(shape) if n != 1]
 
 
+def _shape(g: Graph, t: int) -> tuple[int, ...]:
+    return g.tensors[t].shape
+
+
+def source_of(g: Graph, producer: dict[int, Op], t: int) -> Source:
+    """Follow broadcasts (and reshapes that only add or drop size-1 dims) back
+    to the tensor whose values `t` repeats."""
+    dims = tuple(_big(_shape(g, t)))
+    while True:
+        op = producer.get(t)
+        if op is None:
+            return Source(t, dims)
+        a = op.inputs[0] if op.inputs else None
+        if op.kind == "broadcast_in_dim":
+            bd = op.params["broadcast_dimensions"]
+            # src's dims of size > 1 are a's; each is broadcast to bd[i] of t
+            moved = tuple(_through(g, bd[i], dims, t) for i in _big(_shape(g, a)))
+            if any(d < 0 for d in moved):   # not placed: stop here, varying along all of t
+                return Source(t, dims)
+            dims = moved
+        elif op.kind != "reshape" or [_shape(g, a)[i] for i in _big(_shape(g, a))] != \
+                [_shape(g, t)[i] for i in _big(_shape(g, t))]:
+            return Source(t, dims)
+        # (a reshape that only adds or drops size-1 dims keeps the big dims in order)
+        t = a
+
+
+def _through(g: Graph, j: int, dims: tuple[int, ...], t: int) -> int:
+    """The dim of the original tensor that dim j of `t` (a size > 1 dim) sits at."""
+    big = _big(_shape(g, t))
+    return dims[big.index(j)] if j in big else -1
+
+
 class _Softmaxes:
     def __init__(self, g: Graph, ids: IdAllocator) -> None:
         self.g = g
@@ -75,31 +108,7 @@ class _Softmaxes:
         return self.g.tensors[t].shape
 
     def source(self, t: int) -> Source:
-        """Follow broadcasts (and reshapes that only add or drop size-1 dims) back
-        to the tensor whose values `t` repeats."""
-        dims = tuple(_big(self.shape(t)))
-        while True:
-            op = self.producer.get(t)
-            if op is None:
-                return Source(t, dims)
-            a = op.inputs[0] if op.inputs else None
-            if op.kind == "broadcast_in_dim":
-                bd = op.params["broadcast_dimensions"]
-                # src's dims of size > 1 are a's; each is broadcast to bd[i] of t
-                moved = tuple(self._through(bd[i], dims, t) for i in _big(self.shape(a)))
-                if any(d < 0 for d in moved):   # not placed: stop here, varying along all of t
-                    return Source(t, dims)
-                dims = moved
-            elif op.kind != "reshape" or [self.shape(a)[i] for i in _big(self.shape(a))] != \
-                    [self.shape(t)[i] for i in _big(self.shape(t))]:
-                return Source(t, dims)
-            # (a reshape that only adds or drops size-1 dims keeps the big dims in order)
-            t = a
-
-    def _through(self, j: int, dims: tuple[int, ...], t: int) -> int:
-        """The dim of the original tensor that dim j of `t` (a size > 1 dim) sits at."""
-        big = _big(self.shape(t))
-        return dims[big.index(j)] if j in big else -1
+        return source_of(self.g, self.producer, t)
 
     def exp_of_shift(self, e: int, axis: int) -> int | None:
         """x, when e = exp(x) up to shifts: e = exp(x + k1 - k2 ...) with every k
@@ -196,8 +205,11 @@ def canonical_softmaxes(seq: Graph, dist: Graph, ids: IdAllocator) -> bool:
     of each kind, only when both graphs have as many. A softmax normalised across
     ranks (a psum of the sums) is no candidate on the distributed side, and
     rewriting only its sequential partner would part two ops the rules relate
-    today. Returns whether anything changed; ops left without consumers are for
+    today. The online softmax's merges are put in shift-free form first
+    (dlverify/online_softmax.py). Returns whether anything changed; ops left without consumers are for
     the caller's dead-op pass. New tensors of candidates not taken are dropped."""
+    from dlverify.online_softmax import shift_free_merges   # imports this module
+    merged = [shift_free_merges(seq, ids), shift_free_merges(dist, ids)]
     s, d = _Softmaxes(seq, ids), _Softmaxes(dist, ids)
     cs, cd = s.candidates(), d.candidates()
     count = Counter(c.signature for c in cs)
@@ -208,4 +220,4 @@ def canonical_softmaxes(seq: Graph, dist: Graph, ids: IdAllocator) -> bool:
                 for o in c.ops[:-1]:     # the fresh softmax tensor of the attention form
                     del side.g.tensors[o.output]
         side.apply([c for c in cands if c.signature in both])
-    return bool(both)
+    return bool(both) or any(merged)
