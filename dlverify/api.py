@@ -53,9 +53,12 @@ def _evaluate(problem: Problem, tables: dict, engine: EngineName, window: int,
 
 def problem_tables(problem: Problem) -> dict:
     """The rewrites and folds every verification applies, then the fact tables."""
-    rewrite(problem)
-    share_nullary(problem.seq)
-    share_nullary(problem.dist)
+    from dlverify.induction import pinned_scan_operands
+
+    with pinned_scan_operands(problem):  # (no op reads a summarised scan's operands)
+        rewrite(problem)
+        share_nullary(problem.seq)
+        share_nullary(problem.dist)
     seq_fold = fold(problem.seq, None)
     dist_fold = fold(problem.dist, problem.mesh)
     tables, _values = export(problem, seq_fold, dist_fold)

@@ -58,8 +58,9 @@ failure is located at its line exactly as before.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from dlverify.ir import Graph
 
@@ -241,7 +242,7 @@ def verify_with_induction(problem: "Problem", verify: Callable[["Problem"], obje
     if not problem.scans or problem.unroll is None:
         return verify(problem)
     unroll = problem.unroll
-    where = ", ".join(sc.where for sc in problem.scans)
+    where = ", ".join(dict.fromkeys(sc.where for sc in problem.scans))  # (a grad's two scans share a line)
     try:
         res = verify(problem)
     except InductionOpen as e:
@@ -249,8 +250,8 @@ def verify_with_induction(problem: "Problem", verify: Callable[["Problem"], obje
     else:
         if getattr(res, "verified", False):
             problem.unroll = None  # (a closure over the traced programs: not kept in the result)
-            res.notes.append(f"scan at {where} verified by induction over one body "  # type: ignore[attr-defined]
-                             "(dlverify/induction.py)")
+            res.notes.append(f"{len(problem.scans)} scan(s) at {where} verified by induction "  # type: ignore[attr-defined]
+                             "over one body each (dlverify/induction.py)")
             return res
         reason = f"scan at {where} unrolled: not verified with the body summarised"
     problem.unroll = None
@@ -307,3 +308,29 @@ def run_with_scans(graph: Graph, sides: list[ScanSide], ranks: int, coords: Call
         if side.final and side.final[0] not in vals or side.ys and side.ys[0] not in vals:
             run_scan(side)
     return vals
+
+
+@contextmanager
+def pinned_scan_operands(problem: "Problem") -> Iterator[None]:
+    """While the IR passes rewrite `problem`, the summarised scans' operands are
+    extra outputs of their graphs: no op reads them (a summary is not an op), so a
+    rewrite could otherwise replace or drop them. Afterwards the summaries name
+    the tensors the passes left in their place."""
+    pinned = [(g, [getattr(sc, side) for sc in problem.scans])
+              for g, side in ((problem.seq, "seq"), (problem.dist, "dist"))]
+    counts = []
+    for g, sides in pinned:
+        counts.append(len(g.outputs))
+        for s in sides:
+            g.outputs.extend(s.consts + s.init + s.xs)
+    try:
+        yield
+    finally:
+        for (g, sides), n in zip(pinned, counts):
+            tail = g.outputs[n:]
+            del g.outputs[n:]
+            for s in sides:
+                k, m = len(s.consts), len(s.init)
+                s.consts, s.init = tail[:k], tail[k:k + m]
+                s.xs = tail[k + m:k + m + len(s.xs)]
+                tail = tail[k + m + len(s.xs):]

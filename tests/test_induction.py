@@ -199,3 +199,31 @@ def test_a_bug_after_the_first_iteration_never_verifies():
     assert not res.verified
     assert not any("verified by induction" in n for n in res.notes)
     assert any("unrolled" in n for n in res.notes), res.notes
+
+
+def remat_training(block):
+    """The gradient of every stacked weight through a scan of checkpointed blocks
+    (MaxText's remat + scan): JAX's transpose is a reversed scan."""
+    def f(x, w1, w2):
+        body = jax.checkpoint(lambda h, w: (block(h, w), None))
+
+        def loss(w1, w2):
+            return jnp.sum(jax.lax.scan(body, x, (w1, w2))[0] ** 2)
+        return jax.grad(loss, argnums=(0, 1))(w1, w2)
+    return f
+
+
+def test_training_through_a_remat_scan_verifies_by_induction():
+    """Both scans (forward, and the reversed backward one reading the forward's
+    stacked carries) are concluded by induction, though the IR passes rewrite
+    the ops computing the backward scan's operands."""
+    seq = remat_training(lambda h, w: h + jnp.tanh(jnp.tanh(h @ w[0]) @ w[1]))
+    dist = remat_training(
+        lambda h, w: h + jnp.tanh(jax.lax.psum(jnp.tanh(h @ w[0]) @ w[1], "tp")))
+    grads = (P(None, None, "tp"), P(None, "tp", None))
+    problem, res = _verify(seq, _tp(dist, SPECS, grads), _args(5))
+    assert len(problem.scans) == 2
+    assert res.verified, [f.message for f in res.failures]
+    assert any("verified by induction" in n for n in res.notes), res.notes
+    assert len(res.segment_plan.inductions) == 2
+    _check_views_numerically(res)
