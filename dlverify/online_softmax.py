@@ -80,7 +80,6 @@ class ExpForm:
 
     base: int | None
     shift: Shift
-    loc_op: Op
 
 
 @dataclass
@@ -92,6 +91,9 @@ class _Emitted:
 
 def _big(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(i for i, n in enumerate(shape) if n != 1)
+
+
+UNKNOWN = Shift((), (-1,))   # net(): statistics reach the value through an op not modelled
 
 
 class _Merges:
@@ -108,10 +110,14 @@ class _Merges:
                 self.consumers.setdefault(t, []).append(op)
         self.forms: dict[int, ExpForm] = {}
         self._classify()
-        # statistics some factor rescales by: the running maxima of an online softmax
-        self.rescaled = {k for f in self.forms.values() if f.base is None for k, _ in f.shift.coefs}
+        # statistics some factor rescales by: the running maxima of an online softmax;
+        # transient ones are rescaled away later (a factor adds them back), the last is final
+        factors = [f for f in self.forms.values() if f.base is None]
+        self.rescaled = {k for f in factors for k, _ in f.shift.coefs}
+        self.transient = {k for f in factors for k, c in f.shift.coefs if c > 0}
         self._factor_memo: dict[int, bool] = {}
         self._net_memo: dict[int, Shift | None] = {}
+        self._raw_memo: dict[int, Shift | None] = {}
 
     def shape(self, t: int) -> tuple[int, ...]:
         return self.g.tensors[t].shape
@@ -120,17 +126,18 @@ class _Merges:
         return source_of(self.g, self.producer, t)
 
     # ---------------------------------------------------------------- exponentials
-    def _summands(self, x: int, sign: int, out: list[tuple[int, int]], depth: int = 0) -> bool:
-        """x as a signed sum of leaves through add, sub and neg (all of x's shape)."""
+    def _summands(self, x: int, sign: int, out: list[tuple[int, int]], depth: int = 0) -> None:
+        """x as a signed sum of leaves through add, sub and neg (all of x's shape); a
+        chain deeper than 16 ends in a leaf."""
         op = self.producer.get(x)
         if depth < 16 and op is not None and op.kind in ("add", "sub") and \
                 all(self.shape(i) == self.shape(x) for i in op.inputs):
-            return self._summands(op.inputs[0], sign, out, depth + 1) and \
-                self._summands(op.inputs[1], sign if op.kind == "add" else -sign, out, depth + 1)
-        if depth < 16 and op is not None and op.kind == "neg":
-            return self._summands(op.inputs[0], -sign, out, depth + 1)
-        out.append((x, sign))
-        return True
+            self._summands(op.inputs[0], sign, out, depth + 1)
+            self._summands(op.inputs[1], sign if op.kind == "add" else -sign, out, depth + 1)
+        elif depth < 16 and op is not None and op.kind == "neg":
+            self._summands(op.inputs[0], -sign, out, depth + 1)
+        else:
+            out.append((x, sign))
 
     def _classify(self) -> None:
         """Statistics first (shifts of exponentials: constant along some big dim of
@@ -166,7 +173,7 @@ class _Merges:
             if not bases and tuple(dims) != big:
                 continue   # a factor must be row-shaped: its big dims are the statistics'
             shift = Shift.of(coefs, dims)
-            self.forms[e] = ExpForm(bases[0][0] if bases else None, shift, self.producer[e])
+            self.forms[e] = ExpForm(bases[0][0] if bases else None, shift)
 
     def factor_at(self, t: int) -> Shift | None:
         """The shift of t when t repeats a factor (through broadcasts), placed in t."""
@@ -187,10 +194,10 @@ class _Merges:
         res = False
         if op is not None:
             if op.kind == "mul" and any(self.factor_at(i) is not None for i in op.inputs) or \
-                    self.mismatch(op):
+                    self.mismatch(op) is not None:
                 res = True
             elif op.kind in ("add", "sub", "mul", "dot_general", "reduce_sum", "broadcast_in_dim",
-                             "reshape") + self.LINEAR_UNARY:
+                             "reshape", "transpose") + self.LINEAR_UNARY:
                 res = any(self.has_factor(i) for i in op.inputs)
             elif op.kind == "div":
                 res = self.has_factor(op.inputs[0]) and not self.has_factor(op.inputs[1])
@@ -199,59 +206,90 @@ class _Merges:
 
     # ---------------------------------------------------------------- net shifts
     def net(self, t: int) -> Shift | None:
-        """The shift n with t = exp(n) * (a value no statistic shifts), placed in t; None
-        when t is no such value (a plain tensor, or the shift cannot be placed)."""
+        """The shift n with t = exp(n) * (a value no transient statistic shifts), placed
+        in t: None for a plain value (no exponential of the algebra below it, or
+        one shifted by final statistics only, as the sequential program's are), UNKNOWN
+        when statistics reach t through ops the algebra does not model. Only routes
+        shifts: every rewrite keeps values whatever it says."""
         if t not in self._net_memo:
-            self._net_memo[t] = None     # guards deep recursion; graphs are acyclic
-            self._net_memo[t] = self._net(t)
+            self._net_memo[t] = UNKNOWN     # guards deep recursion; graphs are acyclic
+            n = self._net(t, self.net)
+            if n is not None and n is not UNKNOWN and all(k not in self.transient for k, _ in n.coefs):
+                n = None    # shifted by final statistics only, as the sequential program is
+            self._net_memo[t] = n
         return self._net_memo[t]
 
-    def _net(self, t: int) -> Shift | None:
+    def _raw_net(self, t: int) -> Shift | None:
+        """net() without setting final statistics aside."""
+        if t not in self._raw_memo:
+            self._raw_memo[t] = UNKNOWN
+            self._raw_memo[t] = self._net(t, self._raw_net)
+        return self._raw_memo[t]
+
+    def known(self, t: int) -> Shift | None:
+        """net(t) when it is a shift, else None."""
+        n = self.net(t)
+        return None if n is None or n is UNKNOWN else n
+
+    def raw(self, t: int) -> Shift | None:
+        """t's whole shift (final statistics included) when it is one, else None."""
+        n = self._raw_net(t)
+        return None if n is None or n is UNKNOWN else n
+
+    def _net(self, t: int, net) -> Shift | None:
         if t in self.forms:
             return self.forms[t].shift
         op = self.producer.get(t)
         if op is None:
             return None
         k, ins = op.kind, op.inputs
-        if k == "mul":
-            for i in (0, 1):
-                f = self.factor_at(ins[i])
-                if f is not None:
-                    n = self.net(ins[1 - i])
-                    return f if n is None else n.plus(f) if n.dims == f.dims else None
-            na, nb = self.net(ins[0]), self.net(ins[1])
-            if na is None or nb is None:
-                return na or nb
-            return na.plus(nb) if na.dims == nb.dims else None
+        nets = [net(i) for i in ins]
+        if all(n is None for n in nets):
+            return None
+        if any(n is UNKNOWN for n in nets):
+            return UNKNOWN
+        if k == "mul":     # a product adds the shifts (a plain operand has none)
+            shifts = [n for n in nets if n is not None]
+            if len(shifts) == 2 and shifts[0].dims != shifts[1].dims:
+                return UNKNOWN
+            return shifts[0] if len(shifts) == 1 else shifts[0].plus(shifts[1])
         if k in ("add", "sub"):
-            na, nb = self.net(ins[0]), self.net(ins[1])
+            na, nb = nets
             if na is None or nb is None or na.dims != nb.dims:
-                return None
+                return UNKNOWN
             return na if na == nb else self._newer(na, nb)
-        if k in self.LINEAR_UNARY or k == "div" and self.net(ins[1]) is None:
-            return self.net(ins[0])
-        n = self.net(ins[0]) if k in ("broadcast_in_dim", "reshape", "reduce_sum") else None
-        if n is None:
-            return self._net_dot(op) if k == "dot_general" else None
+        if k == "dot_general":
+            return self._net_dot(op, nets)
+        n = nets[0]
+        if n is None or any(m is not None for m in nets[1:]) and k != "div" or \
+                k == "div" and nets[1] is not None:
+            return UNKNOWN
+        if k in self.LINEAR_UNARY or k == "div":
+            return n
         if k == "broadcast_in_dim":
             return Shift(n.coefs, tuple(op.params["broadcast_dimensions"][d] for d in n.dims))
+        if k == "transpose":       # output dim j is operand dim perm[j]
+            return Shift(n.coefs, tuple(list(op.params["permutation"]).index(d) for d in n.dims))
         if k == "reshape":
             a, out = _big(self.shape(ins[0])), _big(self.shape(t))
             if len(a) != len(out) or any(d not in a for d in n.dims):
-                return None
+                return UNKNOWN
             return Shift(n.coefs, tuple(out[a.index(d)] for d in n.dims))
-        axes = op.params["axes"]
-        if any(d in axes for d in n.dims):
-            return None
-        kept = [i for i in range(len(self.shape(ins[0]))) if i not in axes]
-        return Shift(n.coefs, tuple(kept.index(d) for d in n.dims))
+        if k == "reduce_sum":
+            axes = op.params["axes"]
+            if any(d in axes for d in n.dims):
+                return UNKNOWN
+            kept = [i for i in range(len(self.shape(ins[0]))) if i not in axes]
+            return Shift(n.coefs, tuple(kept.index(d) for d in n.dims))
+        return UNKNOWN
 
-    def _net_dot(self, op: Op) -> Shift | None:
+    def _net_dot(self, op: Op, nets: list) -> Shift | None:
+        """The product's shift: the shifted operand's, on its free or batch dims."""
         p = op.params
         a, b = op.inputs
-        na, nb = self.net(a), self.net(b)
-        if (na is None) == (nb is None):
-            return None
+        na, nb = nets
+        if na is not None and nb is not None:
+            return UNKNOWN
         side, n = (0, na) if na is not None else (1, nb)
         contract, batch = (p["lhs_contract"], p["lhs_batch"]) if side == 0 else \
             (p["rhs_contract"], p["rhs_batch"])
@@ -266,7 +304,7 @@ class _Merges:
             elif d in free:
                 out.append(first + free.index(d))
             else:
-                return None
+                return UNKNOWN    # on a contracted dim: the sum mixes rows of several shifts
         return Shift(n.coefs, tuple(out))
 
     def _newer(self, a: Shift, b: Shift) -> Shift:
@@ -279,14 +317,17 @@ class _Merges:
         last = max(self.position.get(k, -1) for k, _ in a.coefs + b.coefs)
         return a if any(self.position.get(k, -1) == last for k, _ in a.coefs) else b
 
-    def mismatch(self, op: Op) -> bool:
-        """An add or sub of two values shifted by different running statistics (each a
-        statistic some factor rescales by): the merge the rescale should have aligned."""
+    def mismatch(self, op: Op) -> Shift | None:
+        """The shift an add or sub of two values shifted by different running statistics
+        (each one a factor rescales by) aligns to: the merge the rescale should have
+        aligned. None when the operands agree (or are no such values)."""
         if op.kind not in ("add", "sub"):
-            return False
-        na, nb = self.net(op.inputs[0]), self.net(op.inputs[1])
-        return na is not None and nb is not None and na != nb and na.dims == nb.dims and \
-            all(k in self.rescaled for k, _ in na.coefs + nb.coefs)
+            return None
+        na, nb = self.raw(op.inputs[0]), self.raw(op.inputs[1])
+        if na is None or nb is None or na == nb or na.dims != nb.dims or \
+                any(k not in self.rescaled for k, _ in na.coefs + nb.coefs):
+            return None
+        return self._newer(na, nb)
 
     def exits(self) -> list[int]:
         """Tensors a factor flows into that are read by an op outside the algebra
@@ -314,13 +355,14 @@ class _Merges:
             if self.shape(t) == shape and self.position.get(t, before) < before and \
                     self.source(t) == Source(stat, dims):
                 return t
+        if [self.shape(stat)[i] for i in _big(self.shape(stat))] != [shape[d] for d in dims]:
+            raise _Refused     # the statistic's dims do not fit where the shift places them
         if self.shape(stat) == shape and self.source(stat) == Source(stat, dims):
             return stat
         x = stat
         if len(_big(self.shape(stat))) != len(self.shape(stat)):
             x = self.new("reshape", [stat], tuple(self.shape(stat)[i] for i in _big(self.shape(stat))),
-                         like, em, {"new_sizes": tuple(self.shape(stat)[i] for i in _big(self.shape(stat))),
-                                    "dimensions": None})
+                         like, em)
         if list(dims) != sorted(dims):
             raise _Refused
         if self.shape(x) == shape:
@@ -372,8 +414,9 @@ class _Merges:
         if k in ("add", "sub"):
             if any(self.shape(i) != self.shape(t) for i in op.inputs):
                 raise _Refused
-            if self.mismatch(op):
-                ins = [self._aligned(i, self.net(t), g, before, em, memo, op) for i in op.inputs]
+            target = self.mismatch(op)
+            if target is not None:
+                ins = [self._aligned(i, target, g, before, em, memo, op) for i in op.inputs]
                 return self.new(k, ins, self.shape(t), op, em)
             ins = [self.push(i, g, before, em, memo) for i in op.inputs]
             return t if ins == op.inputs else self.new(k, ins, self.shape(t), op, em)
@@ -396,7 +439,7 @@ class _Merges:
             s = 0 if self._absorbs(op.inputs[0]) else 1
             gs = [Shift((), ()), Shift((), ())]
             gs[s] = g
-            other = self.net(op.inputs[1 - s])
+            other = self.known(op.inputs[1 - s])
             if other is not None and not other.zero and self._absorbs(op.inputs[s]):
                 if not g.zero and g.dims != other.dims:
                     raise _Refused
@@ -413,6 +456,11 @@ class _Merges:
                     raise _Refused
                 dims.append(bd.index(d))
             x = self.push(a, Shift(g.coefs, tuple(dims)), before, em, memo)
+            return t if x == a else self.new(k, [x], self.shape(t), op, em, dict(op.params))
+        if k == "transpose":
+            a = op.inputs[0]
+            x = self.push(a, Shift(g.coefs, tuple(op.params["permutation"][d] for d in g.dims)),
+                          before, em, memo)
             return t if x == a else self.new(k, [x], self.shape(t), op, em, dict(op.params))
         if k == "reshape":
             a = op.inputs[0]
@@ -439,7 +487,7 @@ class _Merges:
         first part shifted like the other operand of the add `at`, the second an
         explicit factor written at `at` (it relates to nothing sequential when the
         program forgot a rescale, and that is where the report points)."""
-        n = self.net(x)
+        n = self.raw(x)
         if n == target:
             return self.push(x, g, before, em, memo)
         minus = Shift.of({k: -c for k, c in target.coefs}, n.dims)   # -target
@@ -473,7 +521,8 @@ class _Merges:
             return False
         if op.kind in ("add", "sub"):
             return all(self._absorbs(i) for i in op.inputs)
-        if op.kind in ("broadcast_in_dim", "reshape", "reduce_sum", "div") + self.LINEAR_UNARY:
+        if op.kind in ("broadcast_in_dim", "reshape", "transpose", "reduce_sum", "div") + \
+                self.LINEAR_UNARY:
             return self._absorbs(op.inputs[0])
         if op.kind in ("mul", "dot_general"):
             return any(self._absorbs(i) for i in op.inputs)
@@ -512,7 +561,7 @@ class _Merges:
                   (list(p["rhs_contract"]) + list(p["rhs_batch"]))]
         gs = [ga, gb]
         for side in (0, 1):
-            n = self.net(op.inputs[side])
+            n = self.known(op.inputs[side])
             if n is None or n.zero or not self._absorbs(op.inputs[1 - side]) or \
                     self._absorbs(op.inputs[side]) or any(d not in shared[side] for d in n.dims):
                 continue
@@ -527,16 +576,16 @@ class _Merges:
                                                       dict(p))
 
     def rewrite(self) -> bool:
-        """Rewrite every exit; an exit whose factors cannot all be pushed stays."""
-        changed = False
+        """Rewrite every exit; an exit whose factors cannot all be pushed stays. The
+        analysis reads the graph as given (every rewrite keeps each value, so it stays
+        true); each exit's new ops go right before its producer, which they replace."""
         memo: dict = {}   # shared: an exponential two exits push the same shift into is made once
+        replaced: dict[int, list[Op]] = {}
         for t in self.exits():
-            op = self.producer[t]
-            before = self.position[t]
             em = _Emitted()
             kept = dict(memo)
             try:
-                new = self.push(t, Shift((), ()), before, em, memo)
+                new = self.push(t, Shift((), ()), self.position[t], em, memo)
             except _Refused:
                 new = t
             if new == t or not em.ops or em.ops[-1].output != new:
@@ -544,21 +593,13 @@ class _Merges:
                     del self.g.tensors[o.output]
                 memo = kept
                 continue
-            last = em.ops[-1]
-            del self.g.tensors[last.output]
-            last.output = t
-            at = self.g.ops.index(op)
-            self.g.ops[at:at + 1] = em.ops
-            changed = True
-            # later exits see the graph as rewritten
-            self.producer = {o.output: o for o in self.g.ops}
-            self.position = {o.output: i for i, o in enumerate(self.g.ops)}
-            self.consumers = {}
-            for o in self.g.ops:
-                for i in o.inputs:
-                    self.consumers.setdefault(i, []).append(o)
-            self._factor_memo, self._net_memo = {}, {}
-        return changed
+            em.ops[-1].output = t          # the last new op computes t itself
+            del self.g.tensors[new]
+            memo = {key: (t if v == new else v) for key, v in memo.items()}
+            replaced[self.producer[t].id] = em.ops
+        if replaced:
+            self.g.ops = [o for op in self.g.ops for o in replaced.get(op.id, [op])]
+        return bool(replaced)
 
 
 def _negated(n: Shift) -> Shift:
