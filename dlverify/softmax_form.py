@@ -206,8 +206,8 @@ def canonical_softmaxes(seq: Graph, dist: Graph, ids: IdAllocator) -> bool:
     ranks (a psum of the sums) is no candidate on the distributed side, and
     rewriting only its sequential partner would part two ops the rules relate
     today. The online softmax's merges are put in shift-free form first
-    (dlverify/online_softmax.py). Returns whether anything changed; ops left without consumers are for
-    the caller's dead-op pass. New tensors of candidates not taken are dropped."""
+    (dlverify/online_softmax.py). Returns whether anything changed; ops left
+    without consumers are for the caller's dead-op pass. New tensors of candidates not taken are dropped."""
     from dlverify.online_softmax import shift_free_merges   # imports this module
     merged = [shift_free_merges(seq, ids), shift_free_merges(dist, ids)]
     s, d = _Softmaxes(seq, ids), _Softmaxes(dist, ids)
