@@ -18,13 +18,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import bug_line
+from dlverify.frontends.jaxpr import import_jax
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
 import dlverify
-from conftest import bug_line
 from dlverify.api import verify_jax
-from dlverify.frontends.jaxpr import import_jax
 from dlverify.numeric import partial_sum_errors, run_both, value_error, view_error
 from dlverify.online_softmax import shift_free_merges
 from dlverify.rewrites import rewrite
