@@ -227,3 +227,55 @@ def test_training_through_a_remat_scan_verifies_by_induction():
     assert any("verified by induction" in n for n in res.notes), res.notes
     assert len(res.segment_plan.inductions) == 2
     _check_views_numerically(res)
+
+
+# ---------------------------------------------------------------- seeds and closure, by hand
+
+def _side(ids, body_outputs):
+    from dlverify.induction import ScanSide
+    from dlverify.ir import Graph
+
+    body = Graph("body")
+    body.outputs = body_outputs
+    return ScanSide("f.py:1", 3, False, consts=[], body_consts=[], init=[ids["init"]],
+                    body_carry=[ids["carry"]], xs=[ids["xs"]], body_rows=[ids["row"]],
+                    final=[ids["final"]], ys=[ids["ys"]], body=body)
+
+
+def _summary():
+    from dlverify.induction import ScanSummary
+    from dlverify.memo import offsets_record as rec
+
+    s = dict(init=1, carry=2, xs=3, row=4, final=5, ys=6, out=7, y=8)
+    d = {k: v + 100 for k, v in s.items()}
+    sc = ScanSummary(_side(s, [s["out"], s["y"]]), _side(d, [d["out"], d["y"]]), body=None)
+    one = (0, 0, 0, 0)
+    outer = {
+        s["init"]: {(s["init"], d["init"], 0, rec((0, 4)), None, one)},
+        s["xs"]: {(s["xs"], d["xs"], 0, rec((0, 0, 4)), None, one),   # rows: (0, 4)
+                  (s["xs"], d["xs"], 1, rec((1, 0, 4)), None, one),   # a block of the layers: no seed
+                  (s["xs"], d["xs"], 2, rec((0, 0, 4)), (0, 9, 0, 0, 4), one)},  # partial: no seed
+    }
+    return sc, s, d, outer, rec, one
+
+
+def test_seeds_are_rows_of_stacked_views_starting_at_layer_zero():
+    from dlverify.induction import body_seeds
+
+    sc, s, d, outer, rec, one = _summary()
+    assert body_seeds(sc, outer) == {(s["carry"], d["carry"], 0, rec((0, 4)), None, one),
+                                     (s["row"], d["row"], 0, rec((0, 4)), None, one)}
+
+
+def test_closure_is_required_and_results_get_stacked_views():
+    from dlverify.induction import InductionOpen, body_seeds, conclude
+
+    sc, s, d, outer, rec, one = _summary()
+    seeds = body_seeds(sc, outer)
+    y_view = (s["y"], d["y"], 0, rec((0, 2)), None, one)
+    closed = seeds | {(s["out"], d["out"], 0, rec((0, 4)), None, one), y_view}
+    assert set(conclude(sc, seeds, closed)) == {(s["final"], d["final"], 0, rec((0, 4)), None, one),
+                                                (s["ys"], d["ys"], 0, rec((0, 0, 2)), None, one)}
+    drifted = seeds | {(s["out"], d["out"], 0, rec((0, 0)), None, one), y_view}
+    with pytest.raises(InductionOpen, match="the carry's view after the body differs"):
+        conclude(sc, seeds, drifted)
