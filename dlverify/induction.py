@@ -12,8 +12,8 @@ The segmented run (dlverify/segments.py) reaches a summary when the scan's
 operands have views. It then concludes views for the results here:
 
 1. Seeds. A view of the outer operands becomes a seed of the body's inputs:
-   - a view relating a const or initial carry of one side to a const or
-     initial carry of the other is a seed of the two placeholders;
+   - a view relating a const of one side to a const of the other, or an
+     initial carry to an initial carry, is a seed of the two placeholders;
    - a view relating two stacked operands X (seq) and Y (dist) whose block
      starts at 0 along dim 0 (both stacks have the scan's length L there)
      says Y[i] = c * block(X[i]) at the other offsets, for every row i: it
@@ -157,15 +157,18 @@ def _pairs(a: list[int], b: list[int]) -> dict[int, list[int]]:
 def body_seeds(sc: ScanSummary, by_seq: dict[int, set[ViewRow]]) -> set[ViewRow]:
     """Step 1: the seeds of the body's placeholders, from the outer views."""
     seeds: set[ViewRow] = set()
-    s_state = _pairs(sc.seq.consts + sc.seq.init, sc.seq.body_consts + sc.seq.body_carry)
-    d_state = _pairs(sc.dist.consts + sc.dist.init, sc.dist.body_consts + sc.dist.body_carry)
-    for s_outer, s_bodies in s_state.items():
-        for s, d, r, o, p, c in by_seq.get(s_outer, ()):
-            if p is not None or d not in d_state:
-                continue
-            for sb in s_bodies:
-                for db in d_state[d]:
-                    seeds.add((sb, db, r, o, None, c))
+    # consts with consts, carries with carries (a const related to a carry holds
+    # entering the first iteration only, seldom after it)
+    for s_state, d_state in (
+            (_pairs(sc.seq.consts, sc.seq.body_consts), _pairs(sc.dist.consts, sc.dist.body_consts)),
+            (_pairs(sc.seq.init, sc.seq.body_carry), _pairs(sc.dist.init, sc.dist.body_carry))):
+        for s_outer, s_bodies in s_state.items():
+            for s, d, r, o, p, c in by_seq.get(s_outer, ()):
+                if p is not None or d not in d_state:
+                    continue
+                for sb in s_bodies:
+                    for db in d_state[d]:
+                        seeds.add((sb, db, r, o, None, c))
     s_rows = _pairs(sc.seq.xs, sc.seq.body_rows)
     d_rows = _pairs(sc.dist.xs, sc.dist.body_rows)
     for s_outer, s_bodies in s_rows.items():

@@ -279,3 +279,21 @@ def test_closure_is_required_and_results_get_stacked_views():
     drifted = seeds | {(s["out"], d["out"], 0, rec((0, 0)), None, one), y_view}
     with pytest.raises(InductionOpen, match="the carry's view after the body differs"):
         conclude(sc, seeds, drifted)
+
+
+def test_a_body_reading_its_initial_carry_as_a_const_verifies_by_induction():
+    """x is both the initial carry and a const of the body (a skip connection to the
+    input): no hypothesis relates the const to the carry, so the induction closes."""
+    def seq(x, w1, w2):
+        return jax.lax.scan(lambda h, w: (h + jnp.tanh(jnp.tanh((h + x) @ w[0]) @ w[1]), None),
+                            x, (w1, w2))[0]
+
+    def dist(x, w1, w2):
+        return jax.lax.scan(
+            lambda h, w: (h + jnp.tanh(jax.lax.psum(jnp.tanh((h + x) @ w[0]) @ w[1], "tp")), None),
+            x, (w1, w2))[0]
+
+    problem, res = _verify(seq, _tp(dist, SPECS, P()), _args(3))
+    assert res.verified, [f.message for f in res.failures]
+    assert any("verified by induction" in n for n in res.notes), res.notes
+    _check_views_numerically(res)
