@@ -11,7 +11,8 @@ over 8 ranks, verified from ShapeDtypeStructs: time and peak memory per phase.
 The model is examples/models/llama3.py with LLAMA31_405B: hidden 16384, 128
 query heads in 8 KV groups of head_dim 128 (one group per rank at TP=8), MLP
 53248, vocab 128256; float32 parameters (the real model's bfloat16 with
---dtype bfloat16); batch 1 and sequence 4096 by default (no dim reaches 2^31
+--dtype bfloat16); with --scan-layers the layers are one lax.scan over stacked
+weights, verified by induction over one layer (dlverify/induction.py); batch 1 and sequence 4096 by default (no dim reaches 2^31
 elements). --train verifies the training step (loss and the gradient of every
 parameter) instead of the forward. Nothing is materialised: both programs are
 traced from jax.ShapeDtypeStructs and verified symbolically.
@@ -187,6 +188,9 @@ def main() -> int:
         "train": args.train, "scan_layers": args.scan_layers, "tp": args.tp, "sp": sp,
         "seq": cfg.seq, "batch": cfg.batch,
         "ops": {"sequential": len(problem.seq.ops), "distributed": len(problem.dist.ops)},
+        # the bodies of the scans verified by induction (exported once, whatever the depth)
+        "scan_body_ops": [{"sequential": len(sc.body.seq.ops), "distributed": len(sc.body.dist.ops)}
+                          for sc in res.problem.scans],
         "phases": {p: {"wall_s": round(b - a, 3), "peak_mib": round(smp.peak(a, b), 1)}
                    for p, (a, b) in bounds.items()},
         "wall_s": round(t2 - t0, 3), "cpu_s": round(cpu_total, 3),
