@@ -8,6 +8,13 @@ placeholders (consts, carry, one row of each scanned operand), and gives each
 program placeholder tensors for the scan's results (the final carry, the
 stacked per-iteration outputs `ys`). A `ScanSummary` holds both sides.
 
+A `fori_loop` (a scan whose carry counts iterations) reading `w[i]` is first
+turned into a scan over rows of `w[a:a+L]` when the index, evaluated by the
+shared evaluator for every iteration, is a, a+1, ..., a+L-1 (loops.py): the
+slice it reads at iteration t is then exactly row t. While the IR passes
+rewrite the programs, the scans' operands are pinned as extra outputs
+(`pinned_scan_operands`), since no op reads them.
+
 The segmented run (dlverify/segments.py) reaches a summary when the scan's
 operands have views. It then concludes views for the results here:
 
