@@ -251,8 +251,11 @@ def verify_with_induction(problem: "Problem", verify: Callable[["Problem"], obje
     its notes say which scan and why."""
     if not problem.scans or problem.unroll is None:
         return verify(problem)
+    import time
+
     unroll = problem.unroll
     where = ", ".join(dict.fromkeys(sc.where for sc in problem.scans))  # (a grad's two scans share a line)
+    t0 = time.perf_counter()
     try:
         res = verify(problem)
     except InductionOpen as e:
@@ -265,9 +268,11 @@ def verify_with_induction(problem: "Problem", verify: Callable[["Problem"], obje
             return res
         reason = f"scan at {where} unrolled: not verified with the body summarised"
     problem.unroll = None
+    attempt = time.perf_counter() - t0
     again = unroll()
     res = verify(again)
     res.notes.append(reason)  # type: ignore[attr-defined]
+    res.timings["induction_attempt"] = attempt  # type: ignore[attr-defined]
     return res
 
 
