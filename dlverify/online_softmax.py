@@ -42,6 +42,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from dlverify.ir import Graph, IdAllocator, Op, Tensor
 from dlverify.shift_algebra import Shift, ShiftAnalysis, big_dims, negated
 from dlverify.softmax_form import Source
@@ -147,6 +149,9 @@ class _Merges(ShiftAnalysis):
                 raise _Refused
             return t if ins == op.inputs else self.new(k, ins, self.shape(t), op, em, dict(op.params))
         if k == "mul":
+            for z in op.inputs:     # 0 * x = 0 (x finite): an accumulator's zero start
+                if self._zero(z) and self.shape(z) == self.shape(t):
+                    return z
             for i in (0, 1):
                 f = self.factor_at(op.inputs[i])
                 if f is not None and self.shape(op.inputs[1 - i]) == self.shape(t):
@@ -201,6 +206,12 @@ class _Merges(ShiftAnalysis):
         if k == "dot_general":
             return self._push_dot(t, op, g, before, em, memo)
         raise _Refused
+
+    def _zero(self, t: int) -> bool:
+        """t repeats a constant 0 (through broadcasts)."""
+        src = self.producer.get(self.source(t).src)
+        return src is not None and src.kind == "constant" and \
+            bool(np.all(np.asarray(src.params.get("value")) == 0))
 
     def _aligned(self, x: int, target: Shift, g: Shift, before: int, em: _Emitted, memo: dict,
                  at: Op) -> int:

@@ -14,12 +14,13 @@ after the product with V, `(exp(s - max) @ v) / sum exp(s - max)`.
 
 Cases: the forward pass, non-causal and causal (the block mask from the global
 positions of the queries, axis_index * S/CP + iota, and of the K block held at
-the step); the same with `lax.fori_loop` over the steps; and the training form
-(the gradients of the q/k/v projections, psum'd over 'cp').
+the step), unrolled and with steps 1..CP-1 as a `lax.fori_loop`; and the
+backward pass (dQ, dK, dV of a loss, the K/V cotangents sent back around the
+ring by the transposed ppermutes).
 
-Buggy twins: the running output not rescaled when the max grows (the accumulator
-keeps terms against stale maxima, the flash-attention merge bug class); the
-rescale factor inverted, exp(m_new - m_old); the causal mask built from positions
+Buggy twins: the running output (or, in the loop, the running sum) not rescaled
+when the max grows (the accumulator keeps terms against stale maxima, the
+flash-attention merge bug class); the rescale factor inverted, exp(m_new - m_old); the causal mask built from positions
 that restart on every shard (TransformerEngine PR #536's CP position bug class);
 and the mask assuming the ring runs the other way (K block r + j at step j: a
 ppermute direction mismatch).
@@ -113,6 +114,50 @@ def ring_attention_causal():
     return dlverify.Case(
         seq=causal_seq, dist=_dist(ring_causal), args=_args(), expect="verified",
         description="causal ring attention, block mask from global positions; CP=4")
+
+
+# --------------------------------------------------------------- the steps as a fori_loop
+
+def ring_attention_loop(q, k, v, causal=False):
+    """Step 0 peeled (it starts the statistics), steps 1..CP-1 a `lax.fori_loop`
+    whose carry holds the statistics and the K/V block in hand."""
+    q_pos = lax.axis_index("cp") * LOCAL + jnp.arange(LOCAL)
+    s = scores(q, k, q_pos, _block_pos(0)) if causal else scores(q, k)
+    m = lax.stop_gradient(s.max(-1, keepdims=True))
+    p = jnp.exp(s - m)
+    o, l = p @ v, p.sum(-1, keepdims=True)
+
+    def step(i, carry):
+        m, l, o, k, v = carry
+        k, v = _pass_on(k, v)
+        s = scores(q, k, q_pos, _block_pos(i)) if causal else scores(q, k)
+        m_new = jnp.maximum(m, lax.stop_gradient(s.max(-1, keepdims=True)))
+        corr = jnp.exp(m - m_new)
+        p = jnp.exp(s - m_new)
+        o = o * corr + p @ v
+        l = l * corr + p.sum(-1, keepdims=True)
+        return m_new, l, o, k, v
+
+    _, l, o, _, _ = lax.fori_loop(1, CP, step, (m, l, o, k, v))
+    return o / l
+
+
+def ring_loop_causal(q, k, v):
+    return ring_attention_loop(q, k, v, causal=True)
+
+
+@dlverify.case
+def ring_attention_fori_loop():
+    return dlverify.Case(
+        seq=attention_seq, dist=_dist(ring_attention_loop), args=_args(), expect="verified",
+        description="ring attention, steps 1..CP-1 as a lax.fori_loop; CP=4")
+
+
+@dlverify.case
+def ring_attention_fori_loop_causal():
+    return dlverify.Case(
+        seq=causal_seq, dist=_dist(ring_loop_causal), args=_args(), expect="verified",
+        description="causal ring attention, steps 1..CP-1 as a lax.fori_loop; CP=4")
 
 
 # --------------------------------------------------------------- training: dQ, dK, dV
@@ -258,3 +303,31 @@ def ring_bug_mask_wrong_direction():
     return dlverify.Case(
         seq=causal_seq, dist=_dist(ring_mask_wrong_direction), args=_args(), expect="bug",
         description="causal ring attention whose mask assumes K/V travel to the previous rank")
+
+
+def ring_loop_sum_not_rescaled(q, k, v):
+    s = scores(q, k)
+    m = s.max(-1, keepdims=True)
+    p = jnp.exp(s - m)
+    o, l = p @ v, p.sum(-1, keepdims=True)
+
+    def step(i, carry):
+        m, l, o, k, v = carry
+        k, v = _pass_on(k, v)
+        s = scores(q, k)
+        m_new = jnp.maximum(m, s.max(-1, keepdims=True))
+        corr = jnp.exp(m - m_new)
+        p = jnp.exp(s - m_new)
+        o = o * corr + p @ v
+        l = l + p.sum(-1, keepdims=True)  # BUG: the running sum is not rescaled by exp(m_old - m_new)
+        return m_new, l, o, k, v
+
+    _, l, o, _, _ = lax.fori_loop(1, CP, step, (m, l, o, k, v))
+    return o / l
+
+
+@dlverify.case
+def ring_bug_loop_sum_not_rescaled():
+    return dlverify.Case(
+        seq=attention_seq, dist=_dist(ring_loop_sum_not_rescaled), args=_args(), expect="bug",
+        description="fori_loop ring attention whose running sum misses the rescale")

@@ -31,9 +31,11 @@ from dlverify.rewrites import rewrite
 from dlverify.shift_algebra import ShiftAnalysis
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ring_attention.py"
-CASES = ["ring_attention_forward", "ring_attention_causal", "ring_attention_grads"]
+CASES = ["ring_attention_forward", "ring_attention_causal", "ring_attention_fori_loop",
+         "ring_attention_fori_loop_causal", "ring_attention_grads"]
 TWINS = ["ring_bug_output_not_rescaled", "ring_bug_rescale_inverted",
-         "ring_bug_causal_mask_local_positions", "ring_bug_mask_wrong_direction"]
+         "ring_bug_causal_mask_local_positions", "ring_bug_mask_wrong_direction",
+         "ring_bug_loop_sum_not_rescaled"]
 
 
 def _example():
