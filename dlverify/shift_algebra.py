@@ -298,13 +298,15 @@ class ShiftAnalysis:
 
     def exits(self) -> list[int]:
         """Tensors a factor flows into that are read by an op outside the algebra
-        (or are outputs): each is rewritten as a whole."""
+        (or are outputs): each is rewritten as a whole. None without a factor (no
+        online softmax: the common case costs one pass over the exponentials)."""
+        if not self.rescaled:
+            return []
         outs = set(self.g.outputs)
         return [op.output for op in self.g.ops if self.has_factor(op.output) and (
             op.output in outs or any(not self.has_factor(c.output)
                                      for c in self.consumers.get(op.output, [])))]
 
-    # ---------------------------------------------------------------- the rewrite
 
     def _absorbs(self, t: int) -> bool:
         """Can an exponential below t take a shift (t is linear in one)?"""
