@@ -14,16 +14,19 @@ after the product with V, `(exp(s - max) @ v) / sum exp(s - max)`.
 
 Cases: the forward pass, non-causal and causal (the block mask from the global
 positions of the queries, axis_index * S/CP + iota, and of the K block held at
-the step), unrolled and with steps 1..CP-1 as a `lax.fori_loop`; and the
-backward pass (dQ, dK, dV of a loss, the K/V cotangents sent back around the
-ring by the transposed ppermutes).
+the step), unrolled and with steps 1..CP-1 as a `lax.fori_loop`; the backward
+pass by `jax.grad` (dQ, dK, dV of a loss, the K/V cotangents sent back around
+the ring by the transposed ppermutes); and a hand-written ring backward
+(FlashAttention's formulas, dK/dV buffers travelling with their K/V block).
 
 Buggy twins: the running output (or, in the loop, the running sum) not rescaled
 when the max grows (the accumulator keeps terms against stale maxima, the
 flash-attention merge bug class); the rescale factor inverted, exp(m_new - m_old); the causal mask built from positions
 that restart on every shard (TransformerEngine PR #536's CP position bug class);
-and the mask assuming the ring runs the other way (K block r + j at step j: a
-ppermute direction mismatch).
+the mask assuming the ring runs the other way (K block r + j at step j: a
+ppermute direction mismatch); and a ring backward that recomputes P with each
+block's own max instead of the forward's statistics (a wrong dQ/dK/dV, the
+class of TransformerEngine #1557 / Megatron-LM #1464; its exact cause not read).
 """
 import jax
 import jax.numpy as jnp
@@ -77,7 +80,8 @@ def _block_pos(step):
     return ((lax.axis_index("cp") - step) % CP) * LOCAL + jnp.arange(LOCAL)
 
 
-def ring_attention(q, k, v, causal=False):
+def ring_statistics(q, k, v, causal=False):
+    """The merged statistics: running output o, sum l and max m of each query row."""
     q_pos = lax.axis_index("cp") * LOCAL + jnp.arange(LOCAL)
     for step in range(CP):
         s = scores(q, k, q_pos, _block_pos(step)) if causal else scores(q, k)
@@ -95,6 +99,11 @@ def ring_attention(q, k, v, causal=False):
             m = m_new
         if step < CP - 1:
             k, v = _pass_on(k, v)
+    return o, l, m
+
+
+def ring_attention(q, k, v, causal=False):
+    o, l, _ = ring_statistics(q, k, v, causal)
     return o / l
 
 
@@ -192,6 +201,57 @@ def ring_attention_grads():
     return dlverify.Case(
         seq=causal_grads_seq, dist=dist, args=_grad_args(), expect="verified",
         description="causal ring attention backward: dQ, dK, dV through the ring; CP=4")
+
+
+# --------------------------------------------------------------- a hand-written ring backward
+
+def _bwd_args():
+    return _args() + (jax.ShapeDtypeStruct((SEQ, D), jnp.float32),)   # q, k, v, d_out
+
+
+def _bwd_dist(local_fn):
+    mesh = dlverify.host_mesh((CP,), ("cp",))
+    seq = P("cp")
+    return jax.jit(jax.shard_map(local_fn, mesh=mesh, in_specs=(seq,) * 4, out_specs=(seq,) * 3,
+                                 check_vma=False))
+
+
+def flash_backward_seq(q, k, v, d_out):
+    """FlashAttention's backward over the whole sequence: P recomputed from the
+    statistics, delta = rowsum(dO * O), dS = P * (dO V^T - delta)."""
+    s = scores(q, k)
+    e = jnp.exp(s - s.max(-1, keepdims=True))
+    l = e.sum(-1, keepdims=True)
+    p = e / l
+    delta = (d_out * ((e @ v) / l)).sum(-1, keepdims=True)
+    ds = p * (d_out @ v.T - delta)
+    return ds @ k / D ** 0.5, ds.T @ q / D ** 0.5, p.T @ d_out
+
+
+def ring_flash_backward(q, k, v, d_out):
+    """The ring backward (as in ring attention implementations): P of each K/V block
+    recomputed from the forward's final statistics; dQ accumulates locally, dK and
+    dV accumulate in buffers that travel with their K/V block and come home after
+    CP hops."""
+    o, l, m = ring_statistics(q, k, v)
+    delta = (d_out * (o / l)).sum(-1, keepdims=True)
+    dq, dk, dv = jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v)
+    for _ in range(CP):
+        p = jnp.exp(scores(q, k) - m) / l
+        ds = p * (d_out @ v.T - delta)
+        dq = dq + ds @ k / D ** 0.5
+        dk, dv = dk + ds.T @ q / D ** 0.5, dv + p.T @ d_out
+        k, v = _pass_on(k, v)
+        dk, dv = _pass_on(dk, dv)
+    return dq, dk, dv
+
+
+@dlverify.case
+def ring_attention_flash_backward():
+    return dlverify.Case(
+        seq=flash_backward_seq, dist=_bwd_dist(ring_flash_backward), args=_bwd_args(),
+        expect="verified",
+        description="hand-written ring backward: dK/dV buffers travel with their block; CP=4")
 
 
 # --------------------------------------------------------------- buggy twins
@@ -331,3 +391,26 @@ def ring_bug_loop_sum_not_rescaled():
     return dlverify.Case(
         seq=attention_seq, dist=_dist(ring_loop_sum_not_rescaled), args=_args(), expect="bug",
         description="fori_loop ring attention whose running sum misses the rescale")
+
+
+def ring_backward_step_max(q, k, v, d_out):
+    o, l, _ = ring_statistics(q, k, v)
+    delta = (d_out * (o / l)).sum(-1, keepdims=True)
+    dq, dk, dv = jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v)
+    for _ in range(CP):
+        s = scores(q, k)
+        p = jnp.exp(s - s.max(-1, keepdims=True)) / l  # BUG: the block's own max, not the forward's final max
+        ds = p * (d_out @ v.T - delta)
+        dq = dq + ds @ k / D ** 0.5
+        dk, dv = dk + ds.T @ q / D ** 0.5, dv + p.T @ d_out
+        k, v = _pass_on(k, v)
+        dk, dv = _pass_on(dk, dv)
+    return dq, dk, dv
+
+
+@dlverify.case
+def ring_bug_backward_block_max():
+    return dlverify.Case(
+        seq=flash_backward_seq, dist=_bwd_dist(ring_backward_step_max), args=_bwd_args(), expect="bug",
+        description="ring backward recomputing P with each block's max instead of the forward's "
+                    "statistics (wrong dQ/dK/dV, the class of TransformerEngine #1557)")

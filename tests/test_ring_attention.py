@@ -32,10 +32,12 @@ from dlverify.shift_algebra import ShiftAnalysis
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ring_attention.py"
 CASES = ["ring_attention_forward", "ring_attention_causal", "ring_attention_fori_loop",
-         "ring_attention_fori_loop_causal", "ring_attention_grads"]
+         "ring_attention_fori_loop_causal", "ring_attention_grads", "ring_attention_flash_backward"]
 TWINS = ["ring_bug_output_not_rescaled", "ring_bug_rescale_inverted",
          "ring_bug_causal_mask_local_positions", "ring_bug_mask_wrong_direction",
-         "ring_bug_loop_sum_not_rescaled"]
+         "ring_bug_loop_sum_not_rescaled", "ring_bug_backward_block_max"]
+MERGE_TWINS = ["ring_bug_output_not_rescaled", "ring_bug_rescale_inverted",
+               "ring_bug_loop_sum_not_rescaled"]   # a merge whose rescale is missing or wrong
 
 
 def _example():
@@ -267,4 +269,5 @@ def test_ring_attention_twins_are_located_at_their_bug_line(name, example_runs):
     assert not res.verified
     lines = {fr.line for fr in res.failures[0].frames if fr.file == str(EXAMPLE)}
     assert bug_line(run.case.dist) in lines, [(f.op, f.line, f.message) for f in res.failures[:3]]
-    assert "pmax" not in res.failures[0].message, res.failures[0].message   # no wrong advice
+    if name in MERGE_TWINS:   # the running max is merged, not missing a pmax: no such advice
+        assert "pmax" not in res.failures[0].message, res.failures[0].message
