@@ -161,6 +161,37 @@ def _pairs(a: list[int], b: list[int]) -> dict[int, list[int]]:
     return out
 
 
+def splat_views(problem: "Problem", tables: dict) -> dict[int, set[ViewRow]]:
+    """Views between the summarised scans' sequential and distributed consts and
+    initial carries that hold the same single value everywhere (a zero-initialised
+    accumulator): any block of one is the other (every offset a wildcard), when
+    their ranks agree and the distributed dims are no larger. The rules relate
+    splats only where an op reads them (elementwise.dl), so nothing relates these."""
+    from dlverify import schema as S
+
+    seq_val = {t: v for t, v in tables.get(S.SEQ_SPLAT, [])}
+    dist_val: dict[int, dict[int, int]] = {}
+    for t, r, v in tables.get(S.DIST_SPLAT, []):
+        dist_val.setdefault(t, {})[r] = v
+    out: dict[int, set[ViewRow]] = {}
+    unit = tuple(S.UNIT_SCALE)
+    for sc in problem.scans:
+        for s_list, d_list in ((sc.seq.consts, sc.dist.consts), (sc.seq.init, sc.dist.init)):
+            for s in s_list:
+                if s not in seq_val:
+                    continue
+                s_shape = problem.seq.tensors[s].shape
+                for d in d_list:
+                    d_shape = problem.dist.tensors[d].shape
+                    if len(d_shape) != len(s_shape) or any(a > b for a, b in zip(d_shape, s_shape)):
+                        continue
+                    for r, v in dist_val.get(d, {}).items():
+                        if v == seq_val[s]:
+                            out.setdefault(s, set()).add(
+                                (s, d, r, _record([-1] * len(s_shape)), None, unit))
+    return out
+
+
 def body_seeds(sc: ScanSummary, by_seq: dict[int, set[ViewRow]]) -> set[ViewRow]:
     """Step 1: the seeds of the body's placeholders, from the outer views."""
     seeds: set[ViewRow] = set()

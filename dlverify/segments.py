@@ -46,7 +46,7 @@ from typing import Callable
 from dlverify import schema as S
 from dlverify.engine import EngineName, run_program
 from dlverify.facts import FactTables
-from dlverify.induction import ScanSummary, induct
+from dlverify.induction import ScanSummary, induct, splat_views
 from dlverify.ir import Graph
 from dlverify.memo import Memo, canonicalise, offsets_record, views_back
 from dlverify.problem import Problem
@@ -232,6 +232,7 @@ def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: E
     for row in sorted(seeds_in or (), key=repr):
         learn(row)
     pending_scans = list(problem.scans)
+    splats = splat_views(problem, tables) if pending_scans else {}
     body_hits: list[int] = []  # memo hits of the scan bodies' runs
 
     def run_body(sc: ScanSummary, seeds: set[ViewRow]) -> set[ViewRow]:
@@ -248,10 +249,33 @@ def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: E
 
     rep_s, rep_d = find_repetitions(seq), find_repetitions(dist)
     plan = SegmentPlan(rep_s, rep_d)
+    engines_used: list[str] = []
+
+    def evaluate(order: list[int], seeds: set[ViewRow]) -> tuple[list[ViewRow], str, float]:
+        """The views one window derives (ids and op/operand/result order in `order`),
+        from the memo when an equal window ran before; where they came from; seconds."""
+        wt = _window_tables(index, order, seeds)
+        canon = canonicalise(order, wt, seeds)
+        t0 = time.perf_counter()
+        rows = memo.get(canon.key)
+        source = "memo"
+        if rows is None:
+            res = run_program(main_dl, canon.tables, [S.VIEW], engine=engine)
+            engines_used.append(res.engine)
+            rows = [tuple(r) for r in res.relations[S.VIEW.name]]
+            memo.put(canon.key, rows)
+            source = "engine"
+            plan.engine_runs += 1
+        elif memo.disk_hits > plan.cache_hits:
+            source = "cache"
+        plan.cache_hits = memo.disk_hits
+        seconds = time.perf_counter() - t0
+        per_window.append(seconds)
+        return views_back(canon, rows), source, seconds
+
     memo = Memo(main_dl, str(engine), cache_dir)
     ratio = len(seq_ops) / max(1, len(dist_ops))
     per_window: list[float] = []
-    engine_name = ""
     t_start = time.perf_counter()
     floor_s = 0
     while True:
@@ -266,7 +290,8 @@ def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: E
                 break
             pending_scans.remove(sc)
             t0 = time.perf_counter()
-            concluded = induct(sc, by_seq, run_body)
+            outer = {t: by_seq.get(t, set()) | splats.get(t, set()) for t in sc.seq.operands()}
+            concluded = induct(sc, outer, run_body)
             new = sum(learn(v) for v in concluded.views)
             plan.inductions.append(f"scan at {sc.where}: body verified once for {sc.seq.length} "
                                    f"iterations, {len(concluded.seeds)} seeds, {new} views of "
@@ -312,24 +337,8 @@ def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: E
             seeds |= by_dist.get(t, set())
         seeds = {row for row in seeds
                  if side_s.last_use.get(row[0], -1) >= q and side_d.last_use.get(row[1], -1) >= p}
-        wt = _window_tables(index, order, seeds)
-        canon = canonicalise(order, wt, seeds)
-        t0 = time.perf_counter()
-        rows = memo.get(canon.key)
-        source = "memo"
-        if rows is None:
-            res = run_program(main_dl, canon.tables, [S.VIEW], engine=engine)
-            engine_name = res.engine
-            rows = [tuple(r) for r in res.relations[S.VIEW.name]]
-            memo.put(canon.key, rows)
-            source = "engine"
-            plan.engine_runs += 1
-        elif memo.disk_hits > plan.cache_hits:
-            source = "cache"
-        plan.cache_hits = memo.disk_hits
-        seconds = time.perf_counter() - t0
-        per_window.append(seconds)
-        new = sum(learn(v) for v in views_back(canon, rows))
+        derived, source, seconds = evaluate(order, seeds)
+        new = sum(learn(v) for v in derived)
 
         side_d.tried.update(ready_d)
         matched = [i for i in range(q, s_hi) if seq_ops[i].output in by_seq]
@@ -344,6 +353,7 @@ def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: E
         S.OUTPUT_OK.name: _judge_outputs(index, known, main_dl, engine),
         **_frontiers(problem, tables, known),
     }
+    engine_name = engines_used[-1] if engines_used else ""
     return SegmentedRun(relations, time.perf_counter() - t_start, engine_name or str(engine),
                         len(per_window), per_window, plan)
 

@@ -297,3 +297,31 @@ def test_a_body_reading_its_initial_carry_as_a_const_verifies_by_induction():
     assert res.verified, [f.message for f in res.failures]
     assert any("verified by induction" in n for n in res.notes), res.notes
     _check_views_numerically(res)
+
+
+def aux_pair(dist_init, dist_scale):
+    """A scan carrying a scalar accumulator started at a constant (an aux loss)."""
+    def make(local, init, scale):
+        def f(x, w1, w2):
+            def body(c, w):
+                h, aux = c
+                part = jnp.tanh(h @ w[0]) @ w[1]
+                y = h + jnp.tanh(jax.lax.psum(part, "tp") if local else part)
+                return (y, aux + scale * jnp.sum(y * y)), None
+            return jax.lax.scan(body, (x, jnp.float32(init)), (w1, w2))[0]
+        return f
+
+    return make(False, 0.0, 1.0), _tp(make(True, dist_init, dist_scale), SPECS, (P(), P()))
+
+
+@pytest.mark.parametrize("init,scale,expected", [(0.0, 1.0, True), (1.0, 1.0, False),
+                                                 (0.0, 2.0, False)])
+def test_a_constant_initialised_accumulator(init, scale, expected):
+    """Equal constant initial carries are related (any block of one is the other);
+    a different start value or a different increment never verifies."""
+    seq, dist = aux_pair(init, scale)
+    problem, res = _verify(seq, dist, _args(3))
+    assert res.verified == expected, [f.message for f in res.failures]
+    assert any("verified by induction" in n for n in res.notes) == expected, res.notes
+    if expected:
+        _check_views_numerically(res)
