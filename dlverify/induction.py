@@ -25,6 +25,9 @@ operands have views. It then concludes views for the results here:
      starts at 0 along dim 0 (both stacks have the scan's length L there)
      says Y[i] = c * block(X[i]) at the other offsets, for every row i: it
      is a seed of the two row placeholders, with dim 0 removed;
+   - a seq and a dist const (or initial carry) that hold the same single value
+     everywhere (a zero-initialised accumulator) are related at any offset
+     (`splat_views`: every block of one is the other when it fits);
    - views with a partial-sum tag, or relating a row to a non-row, are
      dropped (a seed dropped is a hypothesis not made: never unsound).
    Consts computed from constants alone (masks, rotary tables) are not seeded:
