@@ -93,6 +93,7 @@ def _stack(ctx: Ctx, rows: list[int], shape: tuple[int, ...], dtype: str, loc: S
     return out
 
 
+MAX_COUNTER_CHECKS = 100_000  # iterations whose w[i] index is evaluated (one scalar expression each)
 MAX_CONST_CONE = 256  # ops of a const computed from constants alone copied into a summarised body
 
 
@@ -199,7 +200,7 @@ def _counter_rows(ctx: Ctx, body: Graph, length: int, init: list[int], carry: li
     evaluated by the shared evaluator for every iteration. Returns the new
     (scanned operand, row placeholder) pairs."""
     counters = _counters(ctx, body, init, carry, carry_out)
-    if not counters:
+    if not counters or length > MAX_COUNTER_CHECKS:
         return []
     out = []
     for op in body.ops:
