@@ -154,7 +154,8 @@ class _Merges(ShiftAnalysis):
                     return z
             for i in (0, 1):
                 f = self.factor_at(op.inputs[i])
-                if f is not None and self.shape(op.inputs[1 - i]) == self.shape(t):
+                if f is not None and self.shape(op.inputs[1 - i]) == self.shape(t) == \
+                        self.shape(op.inputs[i]):
                     if not g.zero and g.dims != f.dims:
                         raise _Refused
                     return self.push(op.inputs[1 - i], f.plus(g) if not g.zero else f, before, em, memo)

@@ -230,7 +230,14 @@ RING_CORRECT = {
     "max_of_visiting_blocks": (lambda x: x.max(0), _visiting(jnp.maximum, lambda x: x.max(0))),
     "accumulators_passed_on": (lambda x: x.sum(0), _accumulating),
 }
+def _two_blocks_then_psum(x):
+    """Rank r sums blocks r and r-1 (rank 0: 0 and 3, a wrapped range), then a psum:
+    every block counted twice."""
+    return lax.psum(_visiting(jnp.add, lambda x: x.sum(0), steps=1)(x), "ring")
+
+
 RING_BUGGY = {
+    "wrapped_ranges_summed_over_the_ranks": (lambda x: x.sum(0), _two_blocks_then_psum),
     "a_block_missing": (lambda x: x.sum(0), _visiting(jnp.add, lambda x: x.sum(0), steps=N - 2)),
     "a_block_twice": (lambda x: x.sum(0), _visiting(jnp.add, lambda x: x.sum(0), steps=N)),
     "a_max_block_missing": (lambda x: x.max(0), _visiting(jnp.maximum, lambda x: x.max(0), steps=N - 2)),
