@@ -37,6 +37,17 @@ pass) and pushes each factor down to the exponentials below it, where the
 coefficients of (1) are added and the ones that cancel are dropped. Where a
 factor cannot be pushed (a statistic placed on a contracted or reduced dim, a
 value that is not an exponential), that exit is left as it was.
+
+Also identities, each keeping the value: a product a * b (elementwise, or
+contracted over the rows the shift sits on) is (a exp(n)) (b exp(-n)), so the
+shift n a backward pass carries on a cotangent moves onto the exponential it
+cancels against; 0 * x = 0 (an accumulator starting at zeros, rescaled by
+exp(-inf - m)); and an add of two values shifted by different running maxima
+(a merge whose rescale is missing or wrong) is written a exp(t - n) * exp(n - t)
++ b with t the shift of b: the explicit factor exp(n - t) relates to nothing
+sequential and carries the add's source line, so the report points at the
+merge. Which shift each value carries (dlverify/shift_algebra.py) only routes
+the rewrite; the values never depend on it.
 """
 from __future__ import annotations
 
