@@ -133,7 +133,7 @@ def test_adding_terms_of_the_same_or_overlapping_ranges_has_no_view(starts):
 
 
 def test_sub_of_adjacent_ranges_or_add_of_a_nonzero_splat_has_no_view():
-    t = Tiny(normal_form=False)     # minus_zero is an identity the normal form would remove
+    t = Tiny()
     ys, sop, parts, _ = micro_batches(t, (0, 2))
     diff = t.dop("sub", [parts[0], parts[1]], (3, 5))
     ones = t.dop("add", [t.dconst(1.0, (3, 5)), parts[0]], (3, 5))
