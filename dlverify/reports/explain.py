@@ -95,6 +95,15 @@ class Explainer:
             if prem:
                 return Step(v, _family(sop.kind) + " on the sequential side", _loc(sop),
                             [self.step(p, depth - 1, seen) for p in prem])
+        # 4. a result of a scan concluded by induction over its body (dlverify/induction.py)
+        for sc in self.p.scans:
+            if v.seq in sc.seq.final + sc.seq.ys and v.dist in sc.dist.final + sc.dist.ys:
+                prem = [c for s in sc.seq.operands() for d in sc.dist.operands()
+                        for c in self._pair_views(s, d, v.rank)[:1]]
+                file, _, line = sc.where.rpartition(":")
+                return Step(v, f"induction over one body for {sc.seq.length} iterations "
+                               "(induction.py)", f"scan at {short_path(file)}:{line}",
+                            [self.step(p, depth - 1, seen) for p in prem])
         return Step(v, "constant or iota", _loc(dop) if dop else "")
 
     def render(self, v: ViewFact, depth: int = 12) -> list[str]:
