@@ -25,3 +25,6 @@ class Problem:
     # rebuild the problem with every scan unrolled (None: no rebuild possible)
     scans: list[Any] = field(default_factory=list)
     unroll: Callable[[], "Problem"] | None = None
+    # bring both graphs to the algebraic normal form (dlverify/simplify.py) before
+    # export: set for HLO pairs, where an optimising compiler simplified one side
+    normal_form: bool = False

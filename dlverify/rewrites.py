@@ -205,6 +205,7 @@ def rewrite_graph(graph: Graph, ids: IdAllocator) -> bool:
 def rewrite(problem: Problem) -> None:
     """Rewrite both graphs of `problem` in place."""
     from dlverify.masked_gather import rewrite_masked_gathers   # imports this module
+    from dlverify.simplify import simplify_graph
     from dlverify.softmax_form import canonical_softmaxes
     rewrite_masked_gathers(problem)
     unused = [_unused(problem.seq), _unused(problem.dist)]
@@ -213,3 +214,6 @@ def rewrite(problem: Problem) -> None:
         _drop_newly_dead(problem.dist, unused[1])
     rewrite_graph(problem.seq, problem.ids)
     rewrite_graph(problem.dist, problem.ids)
+    if problem.normal_form:   # last: the rewrites above match the programs' own structure
+        simplify_graph(problem.seq, problem.ids)
+        simplify_graph(problem.dist, problem.ids)

@@ -467,7 +467,7 @@ def pair_modules(seq_mod: HloModule, dist_mod: HloModule, ids: IdAllocator, *,
     if input_names is not None:
         seq.output_names = dist.output_names = [f"out{i}" for i in range(len(seq_outs))]
     return Problem(seq, dist, Mesh((FLAT_AXIS,), (n,)), relations,  # type: ignore[arg-type]
-                   outputs, ids, assumptions, name)
+                   outputs, ids, assumptions, name, normal_form=True)
 
 
 __all__ = ["pair_modules", "resolve_ranks", "ParamPolicy", "ParamPair", "ParamRecord"]

@@ -11,7 +11,7 @@ comments, so a wrong guess is visible, never hidden behind "verified"):
   parameter numbers do not line up (torch_xla numbers parameters by first use
   and adds its own). Parameters pair by metadata (op_name), then by shape
   compatibility, use signature (the kinds of the ops that read them) and
-  finally by number, as one maximum-weight bipartite matching (networkx).
+  finally by number, as one maximum-weight assignment (scipy).
 * `infer_segments`: a parameter whose product the sequential program cuts into
   pieces along the dim the ranks split (a fused QKV weight: Q | K | V) is a
   segmented split: each rank holds its even share of every piece. The pieces
@@ -21,11 +21,11 @@ comments, so a wrong guess is visible, never hidden behind "verified"):
 """
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
-import networkx as nx
+import numpy as np
+from scipy.optimize import linear_sum_assignment
 
 from dlverify.frontends.hlo.attributes import parse_replica_groups
 from dlverify.frontends.hlo.lower import HloParam
@@ -95,18 +95,21 @@ def shapes_compatible(seq: tuple[int, ...], dist: tuple[int, ...], n: int) -> bo
     return len(diff) == 1 and dist[diff[0]] * n == seq[diff[0]]
 
 
-def use_signature(g: Graph, tensor: int) -> tuple[tuple[str, int], ...]:
-    """The kinds of the ops that read `tensor` and the operand position they
-    read it at, sorted: how a parameter is used, independent of its number.
-    Collectives are left out (only the distributed program has them)."""
-    sig = Counter()
+def use_signatures(g: Graph, tensors: list[int]) -> dict[int, tuple[tuple[str, int], ...]]:
+    """For each of `tensors`: the kinds of the ops that read it and the operand
+    position they read it at, sorted: how a parameter is used, independent of
+    its number. Collectives are left out (only the distributed program has
+    them). One pass over the graph."""
+    wanted = set(tensors)
+    sig: dict[int, list[tuple[str, int]]] = {t: [] for t in tensors}
     for op in g.ops:
-        if KINDS.get(op.kind) is not None and KINDS[op.kind].family is Family.COLLECTIVE:
+        kind = KINDS.get(op.kind)
+        if kind is not None and kind.family is Family.COLLECTIVE:
             continue
         for pos, t in enumerate(op.inputs):
-            if t == tensor:
-                sig[(op.kind, pos)] += 1
-    return tuple(sorted(sig.elements()))
+            if t in wanted:
+                sig[t].append((op.kind, pos))
+    return {t: tuple(sorted(v)) for t, v in sig.items()}
 
 
 @dataclass(frozen=True)
@@ -130,36 +133,54 @@ class Pairing:
 
 def match_params(sp: list[HloParam], dp: list[HloParam], seq_g: Graph, dist_g: Graph,
                  fits: Callable[[HloParam, HloParam], bool]) -> Pairing:
-    """Pair parameters by a maximum-weight matching over the pairs that `fits`
-    (dtype and shapes admit a relation). Weights, strongest first: the same
-    non-empty metadata op_name; the same use signature; the same number. Among
-    equal weights the matching is deterministic (nodes are added in number
-    order)."""
-    g = nx.Graph()
-    s_sig = {a.number: use_signature(seq_g, a.tensor) for a in sp}
-    d_sig = {b.number: use_signature(dist_g, b.tensor) for b in dp}
-    why: dict[tuple[int, int], str] = {}
-    for a in sp:
-        for b in dp:
-            if not fits(a, b):
-                continue
-            w, reasons = 1, ["compatible shapes"]
-            if a.op_name and a.op_name == b.op_name:
-                w += 1000
-                reasons.insert(0, f"same op_name {a.op_name!r}")
-            if s_sig[a.number] == d_sig[b.number]:
-                w += 100
-                reasons.append("same uses")
-            if a.number == b.number:
-                w += 10
-                reasons.append("same number")
-            g.add_edge(("s", a.number), ("d", b.number), weight=w)
-            why[(a.number, b.number)] = ", ".join(reasons)
-    matched = nx.max_weight_matching(g, maxcardinality=True)
+    """Pair parameters by a maximum-weight assignment (scipy's
+    linear_sum_assignment) over the pairs that `fits` (dtype and shapes admit a
+    relation). Weights, strongest first: the same non-empty metadata op_name;
+    the same use signature; the same number. `fits` is asked once per distinct
+    (sequential, distributed) dtype-and-shape pair, the rest is array
+    arithmetic. Deterministic."""
+    if not sp or not dp:
+        return Pairing((), tuple(b.number for b in dp), tuple(a.number for a in sp))
+    s_sig = use_signatures(seq_g, [a.tensor for a in sp])
+    d_sig = use_signatures(dist_g, [b.tensor for b in dp])
+
+    def codes(keys_s: list, keys_d: list) -> tuple[np.ndarray, np.ndarray]:
+        table: dict = {}
+        cs = np.array([table.setdefault(k, len(table)) for k in keys_s])
+        cd = np.array([table.setdefault(k, len(table)) for k in keys_d])
+        return cs, cd
+    shape_s, shape_d = codes([(a.dtype, a.shape) for a in sp], [(b.dtype, b.shape) for b in dp])
+    rep_s = {c: a for c, a in zip(shape_s.tolist(), sp)}
+    rep_d = {c: b for c, b in zip(shape_d.tolist(), dp)}
+    size = int(max(shape_s.max(), shape_d.max())) + 1
+    table = np.zeros((size, size), dtype=bool)
+    for i, a in rep_s.items():
+        for j, b in rep_d.items():
+            table[i, j] = fits(a, b)
+    compat = table[np.ix_(shape_s, shape_d)]
+    name_s, name_d = codes([a.op_name or None for a in sp], [b.op_name or None for b in dp])
+    sig_s, sig_d = codes([s_sig[a.tensor] for a in sp], [d_sig[b.tensor] for b in dp])
+    num_s = np.array([a.number for a in sp])
+    num_d = np.array([b.number for b in dp])
+    named = np.array([a.op_name != "" for a in sp])[:, None]
+    same_name = (name_s[:, None] == name_d[None, :]) & named
+    same_uses = sig_s[:, None] == sig_d[None, :]
+    same_num = num_s[:, None] == num_d[None, :]
+    weight = 1 + 1000 * same_name + 100 * same_uses + 10 * same_num
+    weight = np.where(compat, weight, -1_000_000)
+    rows, cols = linear_sum_assignment(weight, maximize=True)
     matches = []
-    for u, v in matched:
-        s, d = (u, v) if u[0] == "s" else (v, u)
-        matches.append(ParamMatch(s[1], d[1], why[(s[1], d[1])]))
+    for i, j in zip(rows.tolist(), cols.tolist()):
+        if not compat[i, j]:
+            continue
+        reasons = ["compatible shapes"]
+        if same_name[i, j]:
+            reasons.insert(0, f"same op_name {sp[i].op_name!r}")
+        if same_uses[i, j]:
+            reasons.append("same uses")
+        if same_num[i, j]:
+            reasons.append("same number")
+        matches.append(ParamMatch(sp[i].number, dp[j].number, ", ".join(reasons)))
     matches.sort(key=lambda m: m.seq)
     got_s = {m.seq for m in matches}
     got_d = {m.dist for m in matches}
@@ -300,5 +321,5 @@ def infer_segments(seq_g: Graph, seq_t: int, dist_g: Graph, dist_t: int, dim: in
 
 
 __all__ = ["RankCount", "ranks_from_collectives", "ParamMatch", "Pairing", "match_params",
-           "shapes_compatible", "use_signature", "Cut", "tracked_cuts", "Segments",
+           "shapes_compatible", "use_signatures", "Cut", "tracked_cuts", "Segments",
            "infer_segments"]

@@ -1,0 +1,231 @@
+"""Algebraic normal form: the simplifications an optimising compiler makes on one
+side only, made on both sides before export.
+
+A module dumped after XLA's optimisations no longer contains `max(x, -inf)`,
+reshape chains that end where they began, or `x / y` (it computes `x * (1/y)`),
+while the module before optimisations does; the rules relate one op to one
+op, so such a pair never met. Each rewrite below is an identity of real
+arithmetic or of data movement, applied to both graphs alike, so the verdict
+is about the same functions:
+
+* neutral elements: `x + 0`, `x - 0`, `x * 1`, `x / 1`, `max(x, -inf)`,
+  `min(x, +inf)` are `x` (the constant operand a splat: a constant holding one
+  value, or a broadcast of one);
+* layout identities: a reshape to the operand's shape, a broadcast_in_dim
+  that maps every dim to itself, a transpose by the identity permutation are
+  their operand; a reshape of a reshape is one reshape (both are row-major
+  re-indexings of the same elements);
+* reciprocals: `x * (1 / y)` is `x / y` (also through a broadcast_in_dim of
+  the reciprocal, which is moved onto y);
+* dot operand layout: each operand of a dot_general is put in one standard
+  order (lhs: batch, free, contracted dims; rhs: batch, contracted, free; the
+  free dims in their own order, so the result is the same) by a transpose,
+  composed with the transpose that produced it: `dot(x, k)` contracting k's
+  dim 1 and `dot(x, transpose(k))` contracting its dim 0 meet as the latter,
+  and a transpose into a dot that only undid the operand's order vanishes.
+
+Every rewrite must be confluent: it may only make the two sides more alike,
+whatever the other side does around it. Folding a reshape into a reduction
+is not (the partial tags name the sequential reduction's axes, and a side
+whose reshape sits behind a collective keeps its own), so XLA's reshape-into-
+reduce stays a known gap.
+
+It runs on HLO pairs (`Problem.normal_form`, set by frontends/hlo/pairing.py:
+`check`, `check-dump`, jit with shardings), whose distributed module an
+optimising compiler may have simplified; a shard_map program and its
+sequential twin are traced alike and keep their own ops, which the rules (and
+their tests) are written against.
+
+Ops a rewrite leaves unread are dropped, as in dlverify/rewrites.py (whose
+helpers this uses); ops the program itself left unread are kept.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from dlverify.ir import FoldedOp, Graph, IdAllocator, Op, Tensor
+
+# op kind -> (neutral value, operand positions it may take)
+_NEUTRAL: dict[str, tuple[float, tuple[int, ...]]] = {
+    "add": (0.0, (0, 1)), "sub": (0.0, (1,)), "mul": (1.0, (0, 1)), "div": (1.0, (1,)),
+    "max": (-math.inf, (0, 1)), "min": (math.inf, (0, 1)),
+}
+_PASSES = 4
+
+
+class _Simplifier:
+    def __init__(self, graph: Graph, ids: IdAllocator) -> None:
+        self.g, self.ids = graph, ids
+        self.producer: dict[int, Op] = {op.output: op for op in graph.ops}
+        self.alias: dict[int, int] = {}
+        self.out: list[Op] = []
+
+    def shape(self, t: int) -> tuple[int, ...]:
+        return self.g.tensors[t].shape
+
+    def splat(self, t: int) -> float | None:
+        """The one value tensor t holds everywhere, when it is a constant or a
+        broadcast of one."""
+        op = self.producer.get(t)
+        if op is not None and op.kind == "broadcast_in_dim":
+            op = self.producer.get(op.inputs[0])
+        if op is None or op.kind != "constant" or op.params.get("value") is None:
+            return None
+        v = np.asarray(op.params["value"])
+        if v.size == 0 or not np.issubdtype(v.dtype, np.floating) and not np.issubdtype(
+                v.dtype, np.integer):
+            return None
+        first = v.flat[0]
+        return float(first) if np.all(v == first) else None
+
+    def fold(self, op: Op, value: int) -> bool:
+        """`op`'s result is tensor `value`: alias it, and keep the op for diagnosis."""
+        self.alias[op.output] = value
+        self.g.folded.append(FoldedOp(op.kind, op.loc, value))
+        return True
+
+    def new(self, kind: str, inputs: list[int], shape: tuple[int, ...], dtype: str, params: dict,
+            like: Op, output: int | None = None) -> int:
+        if output is None:
+            output = self.ids()
+            self.g.tensors[output] = Tensor(output, tuple(shape), dtype, like.name)
+        op = Op(self.ids(), kind, list(inputs), output, dict(params), like.loc, like.name)
+        self.out.append(op)
+        self.producer[output] = op
+        return output
+
+    # -- the rewrites: each returns True when it replaced `op` --------------
+    def neutral(self, op: Op) -> bool:
+        spec = _NEUTRAL.get(op.kind)
+        if spec is None or len(op.inputs) != 2:
+            return False
+        value, positions = spec
+        out = self.g.tensors[op.output]
+        for pos in positions:
+            keep = op.inputs[1 - pos]
+            kept = self.g.tensors[keep]
+            if self.splat(op.inputs[pos]) == value and kept.shape == out.shape \
+                    and kept.dtype == out.dtype:
+                return self.fold(op, keep)
+        return False
+
+    def layout(self, op: Op) -> bool:
+        x = op.inputs[0] if op.inputs else None
+        if x is None or self.g.tensors[x].dtype != self.g.tensors[op.output].dtype:
+            return False
+        same = self.shape(x) == self.shape(op.output)
+        if op.kind == "reshape":
+            src = self.producer.get(x)
+            if src is not None and src.kind == "reshape":    # reshape of a reshape
+                x = src.inputs[0]
+                if self.shape(x) != self.shape(op.output):
+                    self.new("reshape", [x], self.shape(op.output), self.g.tensors[x].dtype, {},
+                             op, output=op.output)
+                    return True
+                same = True
+            return self.fold(op, x) if same else False
+        if op.kind == "broadcast_in_dim" and same and \
+                tuple(op.params["broadcast_dimensions"]) == tuple(range(len(self.shape(x)))):
+            return self.fold(op, x)
+        if op.kind == "transpose" and tuple(op.params["permutation"]) == tuple(
+                range(len(self.shape(x)))):
+            return self.fold(op, x)
+        return False
+
+    def reciprocal(self, op: Op) -> bool:
+        if op.kind != "mul" or len(op.inputs) != 2:
+            return False
+        for pos in (0, 1):
+            r = self.producer.get(op.inputs[pos])
+            bcast = None
+            if r is not None and r.kind == "broadcast_in_dim":
+                bcast, r = r, self.producer.get(r.inputs[0])
+            if r is None or r.kind != "div" or self.splat(r.inputs[0]) != 1.0 \
+                    or self.shape(r.inputs[0]) != self.shape(r.inputs[1]):
+                continue
+            y = r.inputs[1]
+            if bcast is not None:
+                y = self.new("broadcast_in_dim", [y], self.shape(bcast.output),
+                             self.g.tensors[y].dtype, bcast.params, bcast)
+            x = op.inputs[1 - pos]
+            if self.shape(y) != self.shape(x):
+                continue
+            self.new("div", [x, y], self.shape(op.output), self.g.tensors[op.output].dtype, {},
+                     op, output=op.output)
+            return True
+        return False
+
+    def dot_layout(self, op: Op) -> bool:
+        """Put each dot operand in the standard order (lhs: batch, free, contracted;
+        rhs: batch, contracted, free; free dims keep their order, so the result
+        is unchanged) by a transpose, composed with a transpose that produced the
+        operand (an identity composition is no transpose at all)."""
+        if op.kind != "dot_general" or len(op.inputs) != 2:
+            return False
+        p = dict(op.params)
+        ins = list(op.inputs)
+        changed = False
+        for side, key in ((0, "lhs"), (1, "rhs")):
+            x = ins[side]
+            rank = len(self.shape(x))
+            contract, batch = list(p[f"{key}_contract"]), list(p[f"{key}_batch"])
+            free = [d for d in range(rank) if d not in contract and d not in batch]
+            order = batch + (free + contract if side == 0 else contract + free)
+            if order == list(range(rank)):
+                continue
+            src, perm = x, order
+            t = self.producer.get(x)
+            if t is not None and t.kind == "transpose":
+                inner = list(t.params["permutation"])
+                src, perm = t.inputs[0], [inner[j] for j in order]
+            if perm != list(range(rank)):
+                src = self.new("transpose", [src], tuple(self.shape(x)[j] for j in order),
+                               self.g.tensors[x].dtype, {"permutation": tuple(perm)}, op)
+            ins[side] = src
+            nb, nc = len(batch), len(contract)
+            p[f"{key}_batch"] = tuple(range(nb))
+            p[f"{key}_contract"] = tuple(range(nb + len(free), rank) if side == 0
+                                         else range(nb, nb + nc))
+            changed = True
+        if changed:
+            self.new("dot_general", ins, self.shape(op.output), self.g.tensors[op.output].dtype,
+                     p, op, output=op.output)
+        return changed
+
+    def run(self) -> bool:
+        changed = False
+        for op in self.g.ops:
+            op.inputs = [self.alias.get(i, i) for i in op.inputs]
+            if (self.neutral(op) or self.layout(op) or self.reciprocal(op)
+                    or self.dot_layout(op)):
+                changed = True
+                continue
+            self.out.append(op)
+            self.producer[op.output] = op
+        if changed:
+            self.g.outputs = [self.alias.get(t, t) for t in self.g.outputs]
+            self.g.ops = self.out
+        return changed
+
+
+def simplify_graph(graph: Graph, ids: IdAllocator) -> bool:
+    """Bring `graph` to the normal form (see the module docstring); returns
+    whether anything changed."""
+    from dlverify.rewrites import _drop_newly_dead, _unused
+
+    unused = _unused(graph)
+    changed = False
+    # One pass simplifies whole chains (aliases and new producers are seen by
+    # the ops after them); a few more catch what a rewrite newly exposes.
+    for _ in range(_PASSES):
+        if not _Simplifier(graph, ids).run():
+            break
+        changed = True
+    if changed:
+        _drop_newly_dead(graph, unused)
+    return changed
+
+
+__all__ = ["simplify_graph"]
