@@ -391,6 +391,11 @@ def specs() -> None:
         "segments_huge": "0 = { split = 0, segments = [99999999999999999999] }",
         "segments_strings": '0 = { split = 0, segments = ["a"] }',
         "unknown_field": "0 = { split = 0, colour = 1 }",
+        "dist_negative": "0 = { split = 0, dist = -1 }",
+        "dist_beyond": "0 = { split = 0, dist = 9 }",
+        "dist_string": '0 = { split = 0, dist = "0" }',
+        "rank0_false": "0 = { rank0_only = false }",
+        "rank0_of_a_split": '0 = "rank0_only"',
         "params_array": None,
     }
     for name, line in bad_params.items():
@@ -401,6 +406,14 @@ def specs() -> None:
     for name, line in bad_outputs.items():
         spec(f"outputs_{name}.toml", f"ranks = 2\n[params]\n0 = {{ split = 0 }}\n[outputs]\n{line}\n",
              2, f"outputs_{name}.toml", why=line)
+    bad_dist_params = {"beyond": '9 = "rank_id"', "kind_unknown": '0 = "sideways"',
+                       "value_string": '0 = { value = "x" }', "value_bool": "0 = { value = true }",
+                       "rank_id_of_a_float": '0 = "rank_id"', "table_array": None}
+    for name, line in bad_dist_params.items():
+        body = ("ranks = 2\ndist_params = [1]\n" if line is None
+                else f"ranks = 2\n[dist_params]\n{line}\n")
+        spec(f"dist_params_{name}.toml", body, 2, f"dist_params_{name}.toml",
+             why=line or "dist_params = [1]")
     spec("ranks_mismatch.toml", "ranks = 4\n[params]\n0 = { split = 0 }\n", 2, "ranks_mismatch.toml",
          why="4 ranks for a module partitioned in 2")
     spec("huge_string.toml", 'ranks = 2\nnote = "' + "x" * 300_000 + '"\n[params]\n0 = { split = 0 }\n',

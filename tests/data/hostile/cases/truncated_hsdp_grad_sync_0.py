@@ -1,0 +1,81 @@
+"""HSDP (hybrid sharded data parallel) gradient synchronisation: two-level reductions.
+
+loss(w) = mean((x @ w - t) ** 2) over the full batch. The mesh is
+('replica', 'shard'), 2 x 2. The batch is sharded over both axes; w is sharded
+over 'shard' (FSDP inside a replica group) and replicated over 'replica'.
+Each rank all-gathers w over 'shard', differentiates its local mean loss,
+reduce-scatters the gradient over 'shard' (psum_scatter) and averages it over
+'replica' (pmean): a partial sum over the ranks of 'shard', reduced over
+'shard', is still a partial sum over 'replica', which pmean completes.
+
+The same by autodiff: the gradient of the local w shard, where JAX inserts the
+reduce-scatter over 'shard' (the transpose of all_gather) and the sum over
+'replica' (w is invariant over it). Also the plain two-level all-reduce
+psum(psum(g, 'replica'), 'shard') of a gradient whose batch is sharded over
+both axes (the outer axis reduced first).
+
+Buggy twins: the second level averages over 'shard' again (the replicas are
+never combined), the autodiff gradient divided by the 'shard' size only, and
+the two-level psum that reduces 'replica' twice.
+"""
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+import dlverify
+
+R, S = 2, 2
+BATCH, D_IN, D_OUT = 16, 8, 4
+
+
+def _args():
+    f32 = jnp.float32
+    return (
+        jax.ShapeDtypeStruct((D_IN, D_OUT), f32),   # w
+        jax.ShapeDtypeStruct((BATCH, D_IN), f32),   # x
+        jax.ShapeDtypeStruct((BATCH, D_OUT), f32),  # t (targets)
+    )
+
+
+def _mesh():
+    return dlverify.host_mesh((R, S), ("replica", "shard"))
+
+
+def _hsdp(local_fn):
+    batch = P(("replica", "shard"))
+    return jax.jit(jax.shard_map(local_fn, mesh=_mesh(), in_specs=(P("shard"), batch, batch),
+                                 out_specs=P("shard"), check_vma=False))
+
+
+def _replicated_w(local_fn):
+    batch = P(("replica", "shard"))
+    return jax.jit(jax.shard_map(local_fn, mesh=_mesh(), in_specs=(P(), batch, batch),
+                                 out_specs=P(), check_vma=False))
+
+
+def mse(w, x, t):
+    return jnp.mean((x @ w - t) ** 2)
+
+
+def grad_seq(w, x, t):
+    return jax.grad(mse)(w, x, t)
+
+
+# ------------------------------------ HSDP: reduce-scatter over 'shard', pmean over 'replica'
+
+def hsdp_local(w, x, t):
+    w_full = jax.lax.all_gather(w, "shard", axis=0, tiled=True)   # FSDP: gather the shard group's w
+    g = jax.grad(mse)(w_full, x, t)                               # gradient of the local mean loss
+    g = jax.lax.psum_scatter(g, "shard", scatter_dimension=0, tiled=True) / S
+    return jax.lax.pmean(g, "replica")
+
+
+@dlverify.case
+def hsdp_grad_sync():
+    return dlverify.Case(
+        seq=grad_seq, dist=_hsdp(hsdp_local), args=_args(), expect="verified",
+        description="HSDP gradient: psum_scatter over 'shard', then pmean over 'replica'; 2x2 mesh")
+
+
+def hsdp_local_second_level_wrong_axis(w, x, t):
+    """Bug: the second lev
