@@ -47,7 +47,11 @@ distributed graph. `[dist_params]` declares the distributed module's inputs
 that have no sequential counterpart, keyed by the distributed parameter
 number: `"rank_id"` (each rank is passed its own rank), `{ value = X }` (the
 same scalar X on every rank, e.g. a loss divisor), `"unused"` (read by
-nothing that reaches an output, e.g. an ordering token).
+nothing that reaches an output, e.g. an ordering token). An `[outputs]`
+entry `"sum"` (`"mean"`) says the sequential output is the sum (the mean) of
+the ranks' outputs, e.g. a data-parallel step whose gradients are reduced
+outside the module; it is stated as an all-reduce (and a division by the rank
+count) appended to the distributed output.
 """
 from __future__ import annotations
 
@@ -95,7 +99,7 @@ class DistOnlySpec:
 class OutputSpec:
     """One `[outputs]` entry: "replicated" or the ranks' outputs concatenated along `dim`."""
 
-    kind: str                                  # "replicated" | "concat"
+    kind: str                                  # "replicated" | "concat" | "sum" | "mean"
     dim: int | None = None
     line: int = 0
 
@@ -198,14 +202,14 @@ def parse_spec(text: str, file: str) -> Spec:
         spec.outputs = {}
         for entry in _numbered_entries(text, file, data, "outputs", "an output position"):
             n, val, line = entry.n, entry.val, entry.line
-            if val == "replicated":
-                spec.outputs[n] = OutputSpec("replicated", line=line)
+            if val in ("replicated", "sum", "mean"):
+                spec.outputs[n] = OutputSpec(val, line=line)
             elif isinstance(val, dict) and set(val) == {"concat"} and _int(val["concat"]) \
                     and val["concat"] >= 0:
                 spec.outputs[n] = OutputSpec("concat", val["concat"], line)
             else:
-                raise InputError(f"output {n}: expected \"replicated\" or {{ concat = DIM }}, "
-                                 f"got {val!r}", file, line)
+                raise InputError(f"output {n}: expected \"replicated\", \"sum\", \"mean\" or "
+                                 f"{{ concat = DIM }}, got {val!r}", file, line)
     return spec
 
 

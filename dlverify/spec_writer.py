@@ -91,6 +91,10 @@ def infer_spec(seq_path: str | Path, dist_path: str | Path, spec_path: str | Pat
     for idx in range(len(problem.seq.outputs)):
         rel = stated_outputs[idx]
         how = "stated by the input spec"
+        stated = spec.outputs.get(idx) if spec is not None and spec.outputs else None
+        if stated is not None and stated.kind in ("sum", "mean"):
+            lines.append(f'{idx} = "{stated.kind}"    # {how}')
+            continue
         if rel is None:
             rel = infer_output_relation(problem, idx, res.views)
             how = "the relation the derived views of this output prove"

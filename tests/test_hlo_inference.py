@@ -191,3 +191,22 @@ def test_spec_cli_exit_codes(tmp_path):
     assert r.exit_code == EXIT_MISMATCH and "NOT verified under this spec" in r.output
     r = runner.invoke(app, ["spec", str(TXLA / "dp_step_seq.hlo"), str(tmp_path / "no.hlo")])
     assert r.exit_code == EXIT_INPUT
+
+
+def test_outputs_averaged_outside_the_module(tmp_path):
+    # the data-parallel step with no collective: the wrapper averages the ranks'
+    # loss and gradient; "mean" outputs are stated as an appended all-reduce / N
+    seq, dist = TXLA / "dp_step_seq.hlo", TXLA / "dp_step_dist_local.hlo"
+    ok = verify_hlo(seq, dist, TXLA / "dp_step_local.toml")
+    assert ok.verified
+    assert any(a.startswith('output 1: the mean over the 2 ranks') for a in ok.assumptions)
+    summed = tmp_path / "sum.toml"
+    summed.write_text((TXLA / "dp_step_local.toml").read_text().replace('1 = "mean"', '1 = "sum"'))
+    bad = verify_hlo(seq, dist, summed)
+    assert not bad.verified and "scale differs by 2" in bad.failures[0].message
+    # `dlverify spec` keeps the stated reductions
+    text = infer_spec(seq, dist, TXLA / "dp_step_local.toml").text
+    assert '1 = "mean"    # stated by the input spec' in text
+    with pytest.raises(InputError) as ei:
+        parse_spec('[outputs]\n0 = "median"\n', "s.toml")
+    assert ei.value.line == 2 and '"mean"' in ei.value.message

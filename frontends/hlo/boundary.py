@@ -10,6 +10,8 @@ trusted:
   replicated input b (rank 0 holds the value, every other rank zeros);
 * a rank-id parameter: the distributed parameter is the rank (`axis_index`);
 * a scalar stated by value: the distributed parameter is that constant;
+* an output that is the sum (mean) of the ranks' outputs: an all-reduce (and a
+  division by the rank count) appended to the distributed output;
 * a parameter declared unused: a constant of unknown value, so anything that
   does read it has no view (sound: never assumed equal to anything).
 
@@ -114,4 +116,26 @@ def opaque_value(graph: Graph, ids: IdAllocator, tensor: int, name: str, loc: So
     pre.commit()
 
 
-__all__ = ["segment_input", "rank0_only_input", "rank_id_value", "constant_value", "opaque_value"]
+def reduce_output(graph: Graph, ids: IdAllocator, pos: int, ranks: int, mean: bool,
+                  name: str, loc: SourceLoc) -> None:
+    """Output `pos` of `graph` becomes the sum over every rank of what it was
+    (divided by `ranks` for a mean): the ops go after the graph's own."""
+    t = graph.outputs[pos]
+    out = graph.tensors[t]
+    ops: list[Op] = []
+
+    def new(kind: str, inputs: list[int], params: dict, suffix: str) -> int:
+        tid = ids()
+        graph.tensors[tid] = Tensor(tid, out.shape, out.dtype, f"{name}.{suffix}")
+        ops.append(Op(ids(), kind, inputs, tid, params, loc, name))
+        return tid
+    total = new("all_reduce", [t], {"reducer": "sum", "groups": [list(range(ranks))]}, "sum")
+    if mean:
+        n = new("constant", [], {"value": np.full(out.shape, ranks, dtype=np_dtype(out.dtype))},
+                "ranks")
+        total = new("div", [total, n], {}, "mean")
+    graph.ops.extend(ops)
+    graph.outputs[pos] = total
+
+
+__all__ = ["segment_input", "reduce_output", "rank0_only_input", "rank_id_value", "constant_value", "opaque_value"]

@@ -34,7 +34,7 @@ from dlverify.errors import InputError
 from dlverify.frontends.hlo.lower import HloParam, hlo_to_graph
 from dlverify.frontends.hlo.model import FLAT_AXIS, MAX_RANKS, HloModule
 from dlverify.frontends.hlo.boundary import (constant_value, opaque_value, rank0_only_input,
-                                             rank_id_value, segment_input)
+                                             rank_id_value, reduce_output, segment_input)
 from dlverify.frontends.hlo.param_infer import (RankCount, infer_segments, match_params,
                                                 ranks_from_collectives, shapes_compatible)
 from dlverify.ir import Frame, Graph, IdAllocator, Mesh, SourceLoc, Tensor
@@ -338,9 +338,9 @@ def _spec_outputs(spec: Spec, seq_outs: list[tuple[int, ...]], dist_outs: list[t
             raise InputError(f"the spec names output {i}, but the modules return "
                              f"{len(outputs)} arrays", spec.file, os_.line)
         s_shape, d_shape = seq_outs[i], dist_outs[i]
-        if os_.kind == "replicated":
-            rel = replicated(s_shape, n)
-            what = "replicated"
+        if os_.kind in ("replicated", "sum", "mean"):
+            rel = replicated(s_shape, n)   # a sum or mean is stated as ops: see pair_modules
+            what = f'"{os_.kind}"'
         else:
             assert os_.dim is not None
             if os_.dim >= len(s_shape) or s_shape[os_.dim] % n:
@@ -464,6 +464,14 @@ def pair_modules(seq_mod: HloModule, dist_mod: HloModule, ids: IdAllocator, *,
         for i, rel in enumerate(_spec_outputs(spec, seq_outs, dist_outs, n)):
             if rel is not None:
                 outputs[i] = rel
+        for i, os_ in spec.outputs.items():
+            if os_.kind in ("sum", "mean"):
+                assumptions.append(f"output {i}: the {os_.kind} over the {n} ranks of their "
+                                   f"outputs (the spec's [outputs] {i} = \"{os_.kind}\"), "
+                                   f"stated as an all-reduce appended to the distributed module")
+                reduce_output(dist, ids, i, n, os_.kind == "mean", f"out{i}.{os_.kind}",
+                              SourceLoc((Frame(dist_mod.file, dist_mod.entry.root.line,
+                                               dist_mod.entry.root.name),), ""))
     if input_names is not None:
         seq.output_names = dist.output_names = [f"out{i}" for i in range(len(seq_outs))]
     return Problem(seq, dist, Mesh((FLAT_AXIS,), (n,)), relations,  # type: ignore[arg-type]
