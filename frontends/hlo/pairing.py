@@ -35,7 +35,7 @@ from dlverify.frontends.hlo.lower import HloParam, hlo_to_graph
 from dlverify.frontends.hlo.model import FLAT_AXIS, MAX_RANKS, HloModule
 from dlverify.frontends.hlo.boundary import (constant_value, opaque_value, rank0_only_input,
                                              rank_id_value, reduce_output, segment_input)
-from dlverify.frontends.hlo.param_infer import (RankCount, infer_segments, match_params,
+from dlverify.frontends.hlo.param_infer import (CutFinder, RankCount, infer_segments, match_params,
                                                 ranks_from_collectives, shapes_compatible)
 from dlverify.ir import Frame, Graph, IdAllocator, Mesh, SourceLoc, Tensor
 from dlverify.problem import Problem
@@ -201,7 +201,20 @@ class _Decision:
     evidence: str = ""     # why, when neither the spec nor the caller stated it
 
 
-def _unspecified(pair: ParamPair, n: int, policy: ParamPolicy, seq: Graph, dist: Graph,
+class _Finders:
+    """The two graphs' CutFinders, built on first use."""
+
+    def __init__(self, seq: Graph, dist: Graph) -> None:
+        self.graphs = (seq, dist)
+        self.built: tuple[CutFinder, CutFinder] | None = None
+
+    def get(self) -> tuple[CutFinder, CutFinder]:
+        if self.built is None:
+            self.built = (CutFinder(self.graphs[0]), CutFinder(self.graphs[1]))
+        return self.built
+
+
+def _unspecified(pair: ParamPair, n: int, policy: ParamPolicy, finders: _Finders,
                  dist_file: str, assumptions: list[str]) -> _Decision:
     """The relation of a parameter the spec does not name."""
     a, b = pair.seq, pair.dist
@@ -220,7 +233,10 @@ def _unspecified(pair: ParamPair, n: int, policy: ParamPolicy, seq: Graph, dist:
         head = (f"parameter {a.number} ({b.name}, sequential {_shape_str(a.shape, a.dtype)}, "
                 f"distributed {_shape_str(b.shape, b.dtype)})")
         split = [d for d, (x, y) in enumerate(zip(a.shape, b.shape)) if x != y]
-        segs = infer_segments(seq, a.tensor, dist, b.tensor, split[0], n) if split else None
+        segs = None
+        if split:
+            seq_f, dist_f = finders.get()
+            segs = infer_segments(seq_f, a.tensor, dist_f, b.tensor, split[0], n)
         if segs is not None:
             assumptions.append(f"{head}: segments {list(segs.sizes)} of dim {segs.dim}, each "
                                f"split evenly over {n} ranks, rank order: {segs.evidence}")
@@ -396,6 +412,7 @@ def pair_modules(seq_mod: HloModule, dist_mod: HloModule, ids: IdAllocator, *,
     _dist_only_values(dist, ids, dist_info.params, spec, dist_mod.file)
 
     decisions: list[_Decision] = []
+    finders = _Finders(seq, dist)
     dist_inputs: list[int] = []
     for pair in pairs:
         a, b = pair.seq, pair.dist
@@ -411,7 +428,7 @@ def pair_modules(seq_mod: HloModule, dist_mod: HloModule, ids: IdAllocator, *,
                              f"module but {a.dtype} in the sequential one", dist_mod.file, b.line)
         ps = spec_params.get(a.number)
         if ps is None:
-            decisions.append(_unspecified(pair, n, policy, seq, dist, dist_mod.file, assumptions))
+            decisions.append(_unspecified(pair, n, policy, finders, dist_mod.file, assumptions))
         else:
             decisions.append(_spec_decision(pair, ps, n, spec_file))
     dist.inputs = dist_inputs

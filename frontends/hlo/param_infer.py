@@ -244,35 +244,43 @@ class Cut:
     where: str
 
 
-def tracked_cuts(g: Graph, tensor: int, dim: int) -> list[Cut]:
-    """The proper slices of `tensor`'s dim `dim`, followed through ops that keep
-    that dim whole (elementwise, transpose, broadcast, the free dims of a dot)
-    up to `_TRACK_DEPTH` ops away."""
-    uses = _consumers(g)
-    size = g.tensors[tensor].shape[dim]
-    cuts: list[Cut] = []
-    front = [(tensor, dim)]
-    seen = {(tensor, dim)}
-    for _ in range(_TRACK_DEPTH):
-        nxt = []
-        for t, d in front:
-            for op in uses.get(t, ()):
-                if op.kind == "slice":
-                    lo, hi = op.params["start_indices"][d], op.params["limit_indices"][d]
-                    strides = op.params.get("strides")
-                    if (strides is None or strides[d] == 1) and (lo, hi) != (0, size):
-                        cuts.append(Cut(lo, hi, _where(op)))
-                    continue
-                for pos, x in enumerate(op.inputs):
-                    if x != t:
+class CutFinder:
+    """The proper slices of a tensor's dim in one graph (`cuts`), with the
+    graph's consumer index built once (pairing asks for every parameter)."""
+
+    def __init__(self, g: Graph) -> None:
+        self.g = g
+        self.uses = _consumers(g)
+
+    def cuts(self, tensor: int, dim: int) -> list[Cut]:
+        """The proper slices of `tensor`'s dim `dim`, followed through ops that
+        keep that dim whole (elementwise, transpose, broadcast, the free dims of
+        a dot) up to `_TRACK_DEPTH` ops away."""
+        g, uses = self.g, self.uses
+        size = g.tensors[tensor].shape[dim]
+        cuts: list[Cut] = []
+        front = [(tensor, dim)]
+        seen = {(tensor, dim)}
+        for _ in range(_TRACK_DEPTH):
+            nxt = []
+            for t, d in front:
+                for op in uses.get(t, ()):
+                    if op.kind == "slice":
+                        lo, hi = op.params["start_indices"][d], op.params["limit_indices"][d]
+                        strides = op.params.get("strides")
+                        if (strides is None or strides[d] == 1) and (lo, hi) != (0, size):
+                            cuts.append(Cut(lo, hi, _where(op)))
                         continue
-                    d2 = _dim_through(op, g, pos, d)
-                    if d2 is not None and g.tensors[op.output].shape[d2] == size \
-                            and (op.output, d2) not in seen:
-                        seen.add((op.output, d2))
-                        nxt.append((op.output, d2))
-        front = nxt
-    return cuts
+                    for pos, x in enumerate(op.inputs):
+                        if x != t:
+                            continue
+                        d2 = _dim_through(op, g, pos, d)
+                        if d2 is not None and g.tensors[op.output].shape[d2] == size \
+                                and (op.output, d2) not in seen:
+                            seen.add((op.output, d2))
+                            nxt.append((op.output, d2))
+            front = nxt
+        return cuts
 
 
 def _where(op: Op) -> str:
@@ -292,25 +300,25 @@ class Segments:
     evidence: str
 
 
-def infer_segments(seq_g: Graph, seq_t: int, dist_g: Graph, dist_t: int, dim: int,
+def infer_segments(seq: CutFinder, seq_t: int, dist: CutFinder, dist_t: int, dim: int,
                    n: int) -> Segments | None:
     """A segmented split of the parameter (`seq_t` / `dist_t`) along `dim`, when
     the sequential program cuts its products there into pieces that each split
     evenly over `n` ranks and the distributed program cuts its local products
     too (a program that never cuts its local block holds a plain even split)."""
-    size = seq_g.tensors[seq_t].shape[dim]
-    seq_cuts = tracked_cuts(seq_g, seq_t, dim)
+    size = seq.g.tensors[seq_t].shape[dim]
+    seq_cuts = seq.cuts(seq_t, dim)
     bounds = sorted({b for c in seq_cuts for b in (c.lo, c.hi)} - {0, size})
     if not bounds:
         return None
     sizes = tuple(b - a for a, b in zip([0] + bounds, bounds + [size]))
     if any(s % n for s in sizes):
         return None
-    dist_cuts = tracked_cuts(dist_g, dist_t, dim)
+    dist_cuts = dist.cuts(dist_t, dim)
     if not dist_cuts:
         return None
     local = sorted({b for c in dist_cuts for b in (c.lo, c.hi)}
-                   - {0, dist_g.tensors[dist_t].shape[dim]})
+                   - {0, dist.g.tensors[dist_t].shape[dim]})
     agree = local == [b // n for b in bounds]
     seq_at = ", ".join(sorted({c.where for c in seq_cuts}))
     dist_at = ", ".join(sorted({c.where for c in dist_cuts}))
@@ -321,5 +329,5 @@ def infer_segments(seq_g: Graph, seq_t: int, dist_g: Graph, dist_t: int, dim: in
 
 
 __all__ = ["RankCount", "ranks_from_collectives", "ParamMatch", "Pairing", "match_params",
-           "shapes_compatible", "use_signatures", "Cut", "tracked_cuts", "Segments",
+           "shapes_compatible", "use_signatures", "Cut", "CutFinder", "Segments",
            "infer_segments"]
