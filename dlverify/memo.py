@@ -31,7 +31,9 @@ from dlverify import schema as S
 
 ViewRow = tuple  # (s, d, r, offsets-record, tag-record | None, scale-record)
 ID_TYPES = frozenset({"OpId", "TensorId"})
-MARSHAL_VERSION = 4  # the key's serialisation (deterministic for lists of int tuples)
+MARSHAL_VERSION = 2  # the key's serialisation: version 2 writes no back-references, so equal rows
+# give equal bytes whatever objects they share (from 3 on, rows read back from the
+# on-disk cache serialised differently from the engine's and later segments missed)
 # Relations whose ValueId columns are named first (by the tensor they describe),
 # so interned values get canonical names in a canonical order.
 VALUE_FIRST = (S.SEQ_SPLAT, S.DIST_SPLAT)
@@ -102,7 +104,10 @@ def canonicalise(order: list[int], tables: dict[S.Relation, list[tuple]],
         # partner and the view alone (never by its own id, which is arbitrary)
         return (ids.get(s, 0), ids.get(d, 0), r, tuple(record_offsets(o)), tag, tuple(c))
 
-    ordered = sorted(seeds, key=seed_key)
+    # Ties (seeds of tensors not named yet, equal views) go by id, not by a set's
+    # order: tuples holding None hash by address, so that order changes between
+    # processes and the on-disk cache missed; ids keep their order across equal layers.
+    ordered = sorted(seeds, key=lambda v: (seed_key(v), v[0], v[1]))
     for s, d, *_ in ordered:  # then name those tensors in that order
         ids(s)
         ids(d)

@@ -233,7 +233,7 @@ def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: E
         learn(row)
     pending_scans = list(problem.scans)
     splats = splat_views(problem, tables) if pending_scans else {}
-    body_hits: list[int] = []  # memo hits of the scan bodies' runs
+    body_plans: list[SegmentPlan] = []  # of the scan bodies' runs
 
     def run_body(sc: ScanSummary, seeds: set[ViewRow]) -> set[ViewRow]:
         from dlverify.api import problem_tables  # (api imports this module)
@@ -244,7 +244,7 @@ def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: E
                             seeds_in=seeds)
         if run.plan is not None:
             plan.engine_runs += run.plan.engine_runs
-            body_hits.append(run.plan.memo_hits)
+            body_plans.append(run.plan)
         return set(run.relations[S.VIEW.name])
 
     rep_s, rep_d = find_repetitions(seq), find_repetitions(dist)
@@ -296,6 +296,9 @@ def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: E
             plan.inductions.append(f"scan at {sc.where}: body verified once for {sc.seq.length} "
                                    f"iterations, {len(concluded.seeds)} seeds, {new} views of "
                                    f"its results, {time.perf_counter() - t0:.2f} s")
+            if body_plans:  # (-v: the body's own segments)
+                plan.body_segments.extend(f"scan at {sc.where}: body {seg.line()}"
+                                          for seg in body_plans[-1].segments)
             continue
         if progress is not None:  # the CLI's progress line: distributed ops reached
             progress(p, len(dist_ops))
@@ -347,7 +350,8 @@ def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: E
         floor_s = q
         plan.segments.append(Segment(len(plan.segments), (q, s_hi), (p, d_hi), len(seeds), new,
                                      seconds, source, f"distributed: {reason}; sequential: {why}"))
-    plan.memo_hits = memo.hits + sum(body_hits)
+    plan.memo_hits = memo.hits + sum(b.memo_hits for b in body_plans)
+    plan.cache_hits = memo.disk_hits + sum(b.cache_hits for b in body_plans)
     relations = {
         S.VIEW.name: sorted(known, key=repr),
         S.OUTPUT_OK.name: _judge_outputs(index, known, main_dl, engine),

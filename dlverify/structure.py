@@ -75,6 +75,7 @@ class SegmentPlan:
     cache_hits: int = 0
     engine_runs: int = 0
     inductions: list[str] = field(default_factory=list)  # scans concluded by induction
+    body_segments: list[str] = field(default_factory=list)  # the segments of their bodies
 
     def lines(self) -> list[str]:
         def blocks(name: str, reps: list[Repetition]) -> str:
@@ -85,7 +86,7 @@ class SegmentPlan:
                    f"{self.memo_hits} memo hits ({self.cache_hits} from the on-disk cache)")
         out = [blocks("sequential", self.seq_blocks), blocks("distributed", self.dist_blocks),
                summary]
-        return out + self.inductions + [s.line() for s in self.segments]
+        return out + self.inductions + self.body_segments + [s.line() for s in self.segments]
 
 
 def op_signature(g: Graph, op: Op) -> tuple:
