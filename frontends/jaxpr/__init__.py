@@ -93,24 +93,26 @@ def import_jax(seq_fn: Callable, dist_fn: Callable, args: tuple[Any, ...], name:
     seq_closed = _trace(seq_fn, avals, "seq_fn")
     dist_closed = _trace(dist_fn, avals, "dist_fn")
 
-    def build(summarise: bool) -> Problem:
+    def build(summarise: bool) -> Problem | None:
         problem = _import(seq_closed, dist_closed, name, summarise)
-        prefer_callers(problem.seq, home_file(seq_fn))
-        prefer_callers(problem.dist, home_file(dist_fn))
+        if problem is not None:
+            prefer_callers(problem.seq, home_file(seq_fn))
+            prefer_callers(problem.dist, home_file(dist_fn))
         return problem
 
-    if induction:
-        problem = build(True)
+    problem = build(True) if induction else None
+    if problem is not None:
         if problem.scans:
             problem.unroll = lambda: build(False)
-            return problem
-        if problem.unroll is None:
-            return problem
-        # the scans do not pair: `unroll` says why, and the problem is built unrolled
-    return build(False)
+        return problem
+    # (no induction asked, or scans that do not pair: built unrolled)
+    unrolled = build(False)
+    assert unrolled is not None
+    return unrolled
 
 
-def _import(seq_closed: Any, dist_closed: Any, name: str, summarise: bool) -> Problem:
+def _import(seq_closed: Any, dist_closed: Any, name: str, summarise: bool) -> Problem | None:
+    """None when scans were summarised (`summarise`) but do not pair: build unrolled."""
     ids = IdAllocator()
 
     seq = Graph("sequential")
@@ -123,10 +125,7 @@ def _import(seq_closed: Any, dist_closed: Any, name: str, summarise: bool) -> Pr
 
     found = _find_shard_map(dist_closed)
     if found is None:  # (scans of a global dist_fn are unrolled)
-        problem = _import_global(seq, seq_in, dist_closed, ids, name)
-        if seq_scans:
-            problem.unroll = lambda: problem  # built with summaries: not usable
-        return problem
+        return None if seq_scans else _import_global(seq, seq_in, dist_closed, ids, name)
     sm, pos = found
     p = sm.params
     jmesh = p["mesh"]
@@ -181,22 +180,22 @@ def _import(seq_closed: Any, dist_closed: Any, name: str, summarise: bool) -> Pr
     seq.input_names = dist.input_names = [f"in{i}" for i in range(n_top)]
     seq.output_names = dist.output_names = [f"out{i}" for i in range(len(seq.outputs))]
     problem = Problem(seq, dist, mesh, inputs, outputs, ids, [], name)
-    if seq_scans or dist_scans:
-        _pair_scans(problem, seq_scans or [], dist_scans or [])
+    if (seq_scans or dist_scans) and not _pair_scans(problem, seq_scans or [], dist_scans or []):
+        return None
     return problem
 
 
-def _pair_scans(problem: Problem, seq_scans: list[Any], dist_scans: list[Any]) -> None:
-    """problem.scans: the summaries of the scans that pair (dlverify/induction.py);
-    when they do not all pair, none is kept and `unroll` is set to say so."""
+def _pair_scans(problem: Problem, seq_scans: list[Any], dist_scans: list[Any]) -> bool:
+    """problem.scans: the summaries of the scans, paired in order (dlverify/induction.py);
+    False when they do not all pair."""
     from dlverify.induction import ScanSummary, pair_scans
 
     if pair_scans(seq_scans, dist_scans) is not None:
-        problem.unroll = lambda: problem  # marks "rebuild unrolled" for import_jax
-        return
+        return False
     for a, b in zip(seq_scans, dist_scans):
         body = Problem(a.body, b.body, problem.mesh, [], [], problem.ids, [], f"{problem.name} {b.where}")
         problem.scans.append(ScanSummary(a, b, body))
+    return True
 
 
 def _import_global(seq: Graph, seq_in: list[int], dist_closed: Any, ids: IdAllocator,
