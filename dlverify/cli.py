@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from dlverify.cli_checks import check_common, pattern_set, toml_ok
+from dlverify.cli_checks import check_common, hlo_pair_ok, pattern_set, toml_ok
 from dlverify.errors import InputError
 
 EXIT_OK, EXIT_MISMATCH, EXIT_INPUT, EXIT_RESOURCES = 0, 1, 2, 3
@@ -388,14 +388,7 @@ def check_hlo(
         memory = check_common(engine, timeout, max_memory, explain,
                                {"--sarif": sarif, "--junit": junit, "--graph": graph}, keep_facts,
                                cache, rules)
-        if ranks is not None and not 1 <= ranks <= 65536:
-            raise InputError(f"--ranks {ranks}: the supported range is 1..65536")
-        for p in (seq, dist):
-            if not p.is_file():
-                raise InputError("cannot read HLO file: "
-                                 + ("not a file" if p.exists() else "no such file"), str(p))
-        toml_ok(spec, "--spec")
-        toml_ok(custom_calls, "--custom-calls")
+        hlo_pair_ok(seq, dist, ranks, spec, custom_calls)
         job = HloJob(seq=seq, dist=dist, spec=spec, ranks=ranks, engine=engine,
                      custom_calls=custom_calls, keep_facts=keep_facts,
                      extras=Extras(explain, witness, graph, verbose), cache_dir=cache, rules_dir=rules,
@@ -461,12 +454,7 @@ def spec_cmd(
         from dlverify.tasks import SpecJob, run_spec_task
 
         memory = check_common(engine, timeout, max_memory, None, {}, None, None, None)
-        for p in (seq, dist):
-            if not p.is_file():
-                raise InputError("cannot read HLO file: "
-                                 + ("not a file" if p.exists() else "no such file"), str(p))
-        toml_ok(spec, "--spec")
-        toml_ok(custom_calls, "--custom-calls")
+        hlo_pair_ok(seq, dist, ranks, spec, custom_calls)
         run = _Run(_Options(False, False, timeout, memory, None, None), noun="module pair")
         with _Display(_display_enabled(False), 1) as display:
             display.start(str(dist))

@@ -121,3 +121,17 @@ def pattern_set(files: Optional[list[Path]]) -> Optional[tuple]:
         return None
     from dlverify.patterns import load_pattern_set
     return load_pattern_set(files)
+
+
+def hlo_pair_ok(seq: Path, dist: Path, ranks: Optional[int], spec: Optional[Path],
+                custom_calls: Optional[Path]) -> None:
+    """The inputs every HLO-pair command takes: both modules readable files, the
+    rank count in range, the spec and registry readable TOML."""
+    if ranks is not None and not 1 <= ranks <= 65536:
+        raise InputError(f"--ranks {ranks}: the supported range is 1..65536")
+    for p in (seq, dist):
+        if not p.is_file():
+            raise InputError("cannot read HLO file: "
+                             + ("not a file" if p.exists() else "no such file"), str(p))
+    toml_ok(spec, "--spec")
+    toml_ok(custom_calls, "--custom-calls")

@@ -45,7 +45,8 @@ import math
 
 import numpy as np
 
-from dlverify.ir import FoldedOp, Graph, IdAllocator, Op, Tensor
+from dlverify.ir import FoldedOp, Graph, IdAllocator, Op
+from dlverify.rewrites import _Rewriter, _drop_newly_dead, _unused
 
 # op kind -> (neutral value, operand positions it may take)
 _NEUTRAL: dict[str, tuple[float, tuple[int, ...]]] = {
@@ -55,15 +56,12 @@ _NEUTRAL: dict[str, tuple[float, tuple[int, ...]]] = {
 _PASSES = 4
 
 
-class _Simplifier:
-    def __init__(self, graph: Graph, ids: IdAllocator) -> None:
-        self.g, self.ids = graph, ids
-        self.producer: dict[int, Op] = {op.output: op for op in graph.ops}
-        self.alias: dict[int, int] = {}
-        self.out: list[Op] = []
+class _Simplifier(_Rewriter):
+    """One pass (`run`); op creation and aliases as in rewrites._Rewriter."""
 
-    def shape(self, t: int) -> tuple[int, ...]:
-        return self.g.tensors[t].shape
+    def __init__(self, graph: Graph, ids: IdAllocator) -> None:
+        super().__init__(graph, ids)
+        self.producer.update({op.output: op for op in graph.ops})
 
     def splat(self, t: int) -> float | None:
         """The one value tensor t holds everywhere, when it is a constant or a
@@ -85,16 +83,6 @@ class _Simplifier:
         self.alias[op.output] = value
         self.g.folded.append(FoldedOp(op.kind, op.loc, value))
         return True
-
-    def new(self, kind: str, inputs: list[int], shape: tuple[int, ...], dtype: str, params: dict,
-            like: Op, output: int | None = None) -> int:
-        if output is None:
-            output = self.ids()
-            self.g.tensors[output] = Tensor(output, tuple(shape), dtype, like.name)
-        op = Op(self.ids(), kind, list(inputs), output, dict(params), like.loc, like.name)
-        self.out.append(op)
-        self.producer[output] = op
-        return output
 
     # -- the rewrites: each returns True when it replaced `op` --------------
     def neutral(self, op: Op) -> bool:
@@ -121,7 +109,7 @@ class _Simplifier:
             if src is not None and src.kind == "reshape":    # reshape of a reshape
                 x = src.inputs[0]
                 if self.shape(x) != self.shape(op.output):
-                    self.new("reshape", [x], self.shape(op.output), self.g.tensors[x].dtype, {},
+                    self.new_op("reshape", [x], self.shape(op.output), self.g.tensors[x].dtype, {},
                              op, output=op.output)
                     return True
                 same = True
@@ -147,12 +135,12 @@ class _Simplifier:
                 continue
             y = r.inputs[1]
             if bcast is not None:
-                y = self.new("broadcast_in_dim", [y], self.shape(bcast.output),
+                y = self.new_op("broadcast_in_dim", [y], self.shape(bcast.output),
                              self.g.tensors[y].dtype, bcast.params, bcast)
             x = op.inputs[1 - pos]
             if self.shape(y) != self.shape(x):
                 continue
-            self.new("div", [x, y], self.shape(op.output), self.g.tensors[op.output].dtype, {},
+            self.new_op("div", [x, y], self.shape(op.output), self.g.tensors[op.output].dtype, {},
                      op, output=op.output)
             return True
         return False
@@ -181,7 +169,7 @@ class _Simplifier:
                 inner = list(t.params["permutation"])
                 src, perm = t.inputs[0], [inner[j] for j in order]
             if perm != list(range(rank)):
-                src = self.new("transpose", [src], tuple(self.shape(x)[j] for j in order),
+                src = self.new_op("transpose", [src], tuple(self.shape(x)[j] for j in order),
                                self.g.tensors[x].dtype, {"permutation": tuple(perm)}, op)
             ins[side] = src
             nb, nc = len(batch), len(contract)
@@ -190,7 +178,7 @@ class _Simplifier:
                                          else range(nb, nb + nc))
             changed = True
         if changed:
-            self.new("dot_general", ins, self.shape(op.output), self.g.tensors[op.output].dtype,
+            self.new_op("dot_general", ins, self.shape(op.output), self.g.tensors[op.output].dtype,
                      p, op, output=op.output)
         return changed
 
@@ -213,8 +201,6 @@ class _Simplifier:
 def simplify_graph(graph: Graph, ids: IdAllocator) -> bool:
     """Bring `graph` to the normal form (see the module docstring); returns
     whether anything changed."""
-    from dlverify.rewrites import _drop_newly_dead, _unused
-
     unused = _unused(graph)
     changed = False
     # One pass simplifies whole chains (aliases and new producers are seen by
