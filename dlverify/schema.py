@@ -197,6 +197,8 @@ REDUCE_AXIS = _rel("Reduce_Axis", "Reduction over operand dim `axis`, the idx-th
                    "n:number", "reducer:number")
 ALONG_AXIS = _rel("Along_Axis", "Op (a cumulative scan or a sort) processes each row along "
                   "operand dim `axis` alone and keeps every dim.", "op:OpId", "axis:number")
+WHOLE_FN = _rel("Whole_Fn", "Op is a deterministic function of its whole operands, known only "
+               "by its signature (rng_bit_generator).", "op:OpId")
 ALONG_LINEAR = _rel("Along_Linear", "Op is a scan that is linear in its operand (cumsum).",
                     "op:OpId")
 REDUCE_OUT = _rel("Reduce_Out", "Reduction output dim j is operand dim i.", "op:OpId", "j:number",

@@ -10,7 +10,7 @@ from dlverify.ops import export as X
 
 # Kinds the evaluator deliberately cannot run: a graph with one of them is not
 # executable (witnesses say so) and the folder leaves its value unknown.
-WITHOUT_SEMANTICS = {"scatter", "scatter_add", "rng_bit_generator", "custom_call"}
+WITHOUT_SEMANTICS = {"scatter", "scatter_add", "custom_call"}
 
 
 @pytest.mark.parametrize("name", sorted(ir.OPS))

@@ -190,6 +190,17 @@ def only_signature(ex: FactSink, s: Site) -> tuple:
     return (s.op.kind,)
 
 
+def whole_function(ex: FactSink, s: Site) -> tuple:
+    """An opaque but deterministic function of its whole operands (rng_bit_generator:
+    bits from a state): equal signatures (kind, params, operand and result shapes and
+    dtypes) and equal operands give equal results (datalog/whole_fn.dl)."""
+    ex.add(S.WHOLE_FN, s.op.id)
+    g = s.graph
+    return (s.op.kind, tuple(sorted(s.op.params.items())),
+            tuple((g.tensors[t].shape, g.tensors[t].dtype) for t in s.op.inputs),
+            (s.out_shape, g.tensors[s.op.output].dtype))
+
+
 def elem_unary(ex: FactSink, s: Site) -> tuple:
     ex.add(S.ELEM_UNARY, s.op.id)
     return (s.op.kind, tuple(sorted(s.op.params.items())))

@@ -16,6 +16,7 @@ import numpy as np
 from scipy import special
 
 from dlverify.ops import export as X
+from dlverify.ops import random_bits as R
 from dlverify.ops import semantics as E
 from dlverify.ops import structural as T
 from dlverify.ops.semantics import LocalFn
@@ -200,7 +201,8 @@ _KINDS: list[OpKind] = [
     # sources and opaque ops
     OpKind("constant", NULLARY, F.SOURCE, A.NONE, E.constant, X.constant),
     OpKind("axis_index", NULLARY, F.SOURCE, A.NONE, E.axis_index, X.only_signature),
-    OpKind("rng_bit_generator", at_least(0), F.OPAQUE, A.NONLINEAR, None, X.only_signature),
+    OpKind("rng_bit_generator", UNARY, F.OPAQUE, A.NONLINEAR, R.rng_bit_generator,
+           X.whole_function),
     OpKind("custom_call", at_least(0), F.OPAQUE, A.NONLINEAR, None, X.only_signature),
     # evaluated (sort comparators are probed with it), but related by no rule: two
     # equal reals need not have equal bits
