@@ -85,11 +85,14 @@ def parse_registry(text: str, source: str) -> dict[str, CustomCallSpec]:
         if not isinstance(operands, list) or not all(isinstance(o, str) for o in operands):
             raise InputError(f"custom call {target}: operands must be a list of names", source, line)
         opts = {k: v for k, v in entry.items() if k not in ("expand", "operands")}
-        if exp in ("rms_norm", "softmax"):
+        if exp in ("rms_norm", "softmax", "softmax_backward"):
             dim = opts.get("dim")
             if not (isinstance(dim, int) and not isinstance(dim, bool)) and dim != "backend_config":
                 raise InputError(f"custom call {target}: {exp} needs dim = <int> or "
                                  f"\"backend_config\"", source, line)
+            if exp == "softmax_backward" and len(operands) != 2:
+                raise InputError(f"custom call {target}: softmax_backward takes 2 operands "
+                                 f"(grad_output, output)", source, line)
             if exp == "rms_norm" and len(operands) != 3:
                 raise InputError(f"custom call {target}: rms_norm takes 3 operands (input, weight, "
                                  f"epsilon)", source, line)
@@ -252,6 +255,32 @@ def _softmax(spec: CustomCallSpec, L: "Lowerer", ins: "HloInstruction", ops: lis
                out.dtype, {}, loc, name)
     return y, (f"custom call {spec.target} assumed to compute softmax({_names(spec, 1)}) = "
                f"exp(x - max) / sum(exp(x - max)) over dim {dim} ({spec.source})")
+
+
+@expansion("softmax_backward")
+def _softmax_backward(spec: CustomCallSpec, L: "Lowerer", ins: "HloInstruction", ops: list[Any],
+                      loc: SourceLoc) -> tuple[int, str]:
+    """The gradient of softmax through its output y: dx = y * (dy - sum(dy * y over dim)),
+    the sum broadcast back along dim (the vjp of y = softmax(x) at cotangent dy)."""
+    if len(ops) != 2:
+        raise L.err(ins, f"custom call {spec.target} (softmax_backward) needs (grad_output, output)")
+    dy, y = (L.tid(ins, v) for v in ops)
+    out = L.array_shape(ins)
+    xs, dt, name = out.dims, L.dtype_of(y), ins.name
+    if L.shape_of(dy) != xs or L.shape_of(y) != xs:
+        raise L.err(ins, f"custom call {spec.target} (softmax_backward): operand shapes "
+                         f"{L.shape_of(dy)}, {L.shape_of(y)} and the result shape {xs} differ")
+    dim = _normalised_dim(spec, L, ins, len(xs))
+    rest = tuple(s for i, s in enumerate(xs) if i != dim)
+    keep = {"broadcast_dimensions": tuple(i for i in range(len(xs)) if i != dim)}
+    prod = L.emit("mul", [dy, y], xs, dt, {}, loc, name)
+    total = L.emit("reduce_sum", [prod], rest, dt, {"axes": (dim,)}, loc, name)
+    centred = L.emit("sub", [dy, L.emit("broadcast_in_dim", [total], xs, dt, keep, loc, name)], xs,
+                     dt, {}, loc, name)
+    dx = L.emit("mul", [y, centred], xs, out.dtype, {}, loc, name)
+    return dx, (f"custom call {spec.target} assumed to compute the softmax gradient "
+                f"y * (dy - sum(dy * y)) over dim {dim} of ({_names(spec, 2)}) = (dy, y) "
+                f"({spec.source})")
 
 
 @expansion("rms_norm")

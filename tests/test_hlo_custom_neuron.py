@@ -1,10 +1,10 @@
-"""The torch-neuronx custom calls AwsNeuronGelu, AwsNeuronGeluBackward and
-AwsNeuronSoftmax (dlverify/custom_calls.toml): expanded into IR ops that
-compute what JAX computes for the same definitions (torch_neuronx
-xla_impl/ops.py: the exact erf GELU, its derivative, softmax over the
-backend_config dim); elementwise calls and a softmax over a dim each rank holds
-whole verify, a softmax over a split dim does not and is located at its line;
-malformed calls are one-line errors."""
+"""The torch-neuronx custom calls AwsNeuronGelu, AwsNeuronGeluBackward,
+AwsNeuronSoftmax and AwsNeuronSoftmaxBackward (dlverify/custom_calls.toml):
+expanded into IR ops that compute what JAX computes for the same definitions
+(torch_neuronx xla_impl/ops.py: the exact erf GELU, its derivative, softmax over
+the backend_config dim, its vjp); elementwise calls and a softmax (backward)
+over a dim each rank holds whole verify, one over a split dim does not and is
+located at its line; malformed calls are one-line errors."""
 # XLA_FLAGS (8 host devices, explicit replica groups): tests/conftest.py
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -97,10 +97,10 @@ def test_cli_unknown_neuron_target_exit_2(tmp_path):
 
     from dlverify.cli import app
     path = tmp_path / "m.hlo"
-    path.write_text(module("AwsNeuronSoftmaxBackward", 8))
+    path.write_text(module("AwsNeuronNotARealTarget", 8))
     r = CliRunner().invoke(app, ["check", str(path), str(path), "--ranks", "1"])
     assert r.exit_code == 2
-    assert f"{path}:{CALL_LINE}:" in r.output and "AwsNeuronSoftmaxBackward" in r.output
+    assert f"{path}:{CALL_LINE}:" in r.output and "AwsNeuronNotARealTarget" in r.output
     assert len(r.output.strip().splitlines()) == 1
 
 
@@ -109,3 +109,66 @@ def test_registry_rejects_softmax_without_dim():
     with pytest.raises(InputError) as ei:
         parse_registry('S = { expand = "softmax", operands = ["x"] }\n', "r.toml")
     assert ei.value.line == 1 and "softmax needs dim" in ei.value.message
+
+
+# ---------------------------------------------------------------- softmax backward
+BACKWARD_LINE = 6
+
+
+def backward_module(rows: int, parts: int = 1, backend_config: str = "1") -> str:
+    """dx = AwsNeuronSoftmaxBackward(dy, y) over f32[rows,6]."""
+    t = f"f32[{rows},6]"
+    return f"""HloModule m, num_partitions={parts}
+
+ENTRY %main (dy: {t}, y: {t}) -> {t} {{
+  %dy = {t}{{1,0}} parameter(0)
+  %y = {t}{{1,0}} parameter(1)
+  ROOT %dx = {t}{{1,0}} custom-call(%dy, %y), custom_call_target="AwsNeuronSoftmaxBackward", api_version=API_VERSION_UNSPECIFIED, backend_config="{backend_config}"
+}}
+"""
+
+
+@pytest.mark.parametrize("cfg,axis", [("1", 1), ("-1", 1), ("0", 0), ("-2", 0)])
+def test_softmax_backward_is_the_vjp_of_softmax(cfg, axis):
+    g, info = lower(backward_module(8, backend_config=cfg))
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((8, 6)) * 3).astype(np.float32)
+    dy = rng.standard_normal((8, 6)).astype(np.float32)
+    y, vjp = jax.vjp(lambda v: jax.nn.softmax(v, axis=axis), x)
+    (want,) = vjp(dy)
+    y = np.asarray(y)
+    got = Interpreter(g, 1).run([[dy], [y]])[g.outputs[0]][0]
+    np.testing.assert_allclose(got, np.asarray(want), rtol=2e-5, atol=1e-6)
+    assert np.abs(np.asarray(want)).max() > 1e-2   # a gradient that is not all zeros
+    assert info.assumptions == [
+        f"custom call AwsNeuronSoftmaxBackward assumed to compute the softmax gradient "
+        f"y * (dy - sum(dy * y)) over dim {axis} of (grad_output, output) = (dy, y) "
+        f"(dlverify/custom_calls.toml)"]
+    assert info.custom_calls == {"AwsNeuronSoftmaxBackward": 1}
+
+
+def test_softmax_backward_rows_held_whole_verify(tmp_path):
+    assert_pair_verifies(tmp_path, backward_module(8), backward_module(4, parts=2),
+                         ["out0 = concat(r0.out0, r1.out0; dim 0)"])
+
+
+def test_softmax_backward_over_a_split_dim_is_not_verified_and_located(tmp_path):
+    res = verify_texts(tmp_path, backward_module(8, backend_config="0"),
+                       backward_module(4, parts=2, backend_config="0"))
+    assert not res.verified
+    assert (res.failures[0].file, res.failures[0].line) == (str(tmp_path / "dist.hlo"),
+                                                            BACKWARD_LINE)
+
+
+def test_softmax_backward_malformed_calls_are_one_line_errors():
+    one_operand = backward_module(8).replace("custom-call(%dy, %y)", "custom-call(%dy)")
+    with pytest.raises(InputError) as ei:
+        lower(one_operand)
+    assert ei.value.line == BACKWARD_LINE and "registry" in ei.value.message
+    with pytest.raises(InputError) as ei:
+        lower(backward_module(8, backend_config="2"))
+    assert ei.value.line == BACKWARD_LINE and "outside the rank-2 input" in ei.value.message
+    from dlverify.frontends.custom_calls import parse_registry
+    with pytest.raises(InputError) as ei:
+        parse_registry('B = { expand = "softmax_backward", operands = ["dy"], dim = 0 }\n', "r.toml")
+    assert ei.value.line == 1 and "softmax_backward takes 2 operands" in ei.value.message
