@@ -167,3 +167,14 @@ def test_cli_unknown_algorithm_exit_2(tmp_path):
     assert r.exit_code == 2
     assert f"{path}:{RNG_LINE}:" in r.output and "rng_mersenne" in r.output
     assert len(r.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("bits_dtype", ["uint64", "int32"])
+def test_bits_jax_cannot_draw_without_x64_are_not_executable(bits_dtype):
+    """64-bit bits need JAX's process-wide x64 switch, signed ones JAX refuses:
+    the evaluator says NotExecutable (witnesses report it) instead of guessing."""
+    from dlverify.ops import NotExecutable, evaluate
+    params = {"algorithm": "rng_three_fry", "output": 1, "bits_shape": (3,),
+              "bits_dtype": bits_dtype}
+    with pytest.raises(NotExecutable):
+        evaluate("rng_bit_generator", params, [np.array([1, 2], np.uint64)], (3,), bits_dtype)
