@@ -141,9 +141,9 @@ def test_softmax_backward_is_the_vjp_of_softmax(cfg, axis):
     np.testing.assert_allclose(got, np.asarray(want), rtol=2e-5, atol=1e-6)
     assert np.abs(np.asarray(want)).max() > 1e-2   # a gradient that is not all zeros
     assert info.assumptions == [
-        f"custom call AwsNeuronSoftmaxBackward assumed to compute the softmax gradient "
-        f"y * (dy - sum(dy * y)) over dim {axis} of (grad_output, output) = (dy, y) "
-        f"(dlverify/custom_calls.toml)"]
+        (f"custom call AwsNeuronSoftmaxBackward assumed to compute the softmax gradient "
+         f"y * (dy - sum(dy * y)) over dim {axis} of (grad_output, output) = (dy, y) "
+         f"(dlverify/custom_calls.toml)")]
     assert info.custom_calls == {"AwsNeuronSoftmaxBackward": 1}
 
 

@@ -96,8 +96,8 @@ def test_evaluator_gives_xlas_bits_and_state(algorithm, jax_algorithm):
     assert 0 < keep.sum() < keep.size   # a real mask, not all or nothing
     np.testing.assert_allclose(y, np.where(keep, x @ w, 0), rtol=1e-5, atol=1e-6)
     assert [a for a in info.assumptions if "rng-bit-generator" in a] == [
-        f"rng-bit-generator rng (t.hlo:{RNG_LINE}, {algorithm}) assumed to give the same bits "
-        f"in both programs for the same state"]
+        (f"rng-bit-generator rng (t.hlo:{RNG_LINE}, {algorithm}) assumed to give the same bits "
+         f"in both programs for the same state")]
 
 
 def test_replicated_state_dropout_in_tp_mlp_verifies(tmp_path):
