@@ -14,7 +14,8 @@ is about the same functions:
 * layout identities: a reshape to the operand's shape, a broadcast_in_dim
   that maps every dim to itself, a transpose by the identity permutation are
   their operand; a reshape of a reshape is one reshape (both are row-major
-  re-indexings of the same elements);
+  re-indexings of the same elements); a broadcast of an iota is the iota of
+  the broadcast shape along the dim its own dim maps to;
 * reciprocals: `x * (1 / y)` is `x / y` (also through a broadcast_in_dim of
   the reciprocal, which is moved onto y);
 * dot operand layout: each operand of a dot_general is put in one standard
@@ -114,6 +115,13 @@ class _Simplifier(_Rewriter):
                     return True
                 same = True
             return self.fold(op, x) if same else False
+        if op.kind == "broadcast_in_dim":
+            src = self.producer.get(x)
+            if src is not None and src.kind == "iota":    # an iota broadcast is an iota
+                dim = tuple(op.params["broadcast_dimensions"])[src.params["dimension"]]
+                self.new_op("iota", [], self.shape(op.output), self.g.tensors[op.output].dtype,
+                            {"dimension": dim}, op, output=op.output)
+                return True
         if op.kind == "broadcast_in_dim" and same and \
                 tuple(op.params["broadcast_dimensions"]) == tuple(range(len(self.shape(x)))):
             return self.fold(op, x)

@@ -87,6 +87,18 @@ def test_layout_identities_and_reshape_chains():
     assert [op.kind for op in g.ops] == ["broadcast_in_dim"]
 
 
+@pytest.mark.parametrize("dim", [0, 1, 2])
+def test_broadcast_of_an_iota_is_an_iota(dim):
+    shape = (2, 8, 8)[:dim] + (8,) + (2, 8, 8)[dim + 1:]
+
+    def build(b, x):        # x: unused, the graph's one input
+        i = b.op("iota", [], (8,), "int32", {"dimension": 0})
+        return b.op("broadcast_in_dim", [i], shape, "int32", {"broadcast_dimensions": (dim,)})
+    g = _check(build, [(1,)], {"broadcast_in_dim"})
+    (iota,) = [op for op in g.ops if op.kind == "iota"]
+    assert iota.params["dimension"] == dim and g.tensors[iota.output].shape == shape
+
+
 def test_reshape_of_reshape_is_one_reshape():
     def build(b, x):
         r1 = b.op("reshape", [x], (4, 6), "float32")
