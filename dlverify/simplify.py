@@ -14,8 +14,9 @@ is about the same functions:
 * layout identities: a reshape to the operand's shape, a broadcast_in_dim
   that maps every dim to itself, a transpose by the identity permutation are
   their operand; a reshape of a reshape is one reshape (both are row-major
-  re-indexings of the same elements); a broadcast of an iota is the iota of
-  the broadcast shape along the dim its own dim maps to;
+  re-indexings of the same elements); an iota of rank > 1 is the broadcast of
+  a 1-D iota (never the other way round: a program that adds a rank offset to
+  its 1-D positions before broadcasting them keeps that form);
 * reciprocals: `x * (1 / y)` is `x / y` (also through a broadcast_in_dim of
   the reciprocal, which is moved onto y);
 * dot operand layout: each operand of a dot_general is put in one standard
@@ -115,13 +116,6 @@ class _Simplifier(_Rewriter):
                     return True
                 same = True
             return self.fold(op, x) if same else False
-        if op.kind == "broadcast_in_dim":
-            src = self.producer.get(x)
-            if src is not None and src.kind == "iota":    # an iota broadcast is an iota
-                dim = tuple(op.params["broadcast_dimensions"])[src.params["dimension"]]
-                self.new_op("iota", [], self.shape(op.output), self.g.tensors[op.output].dtype,
-                            {"dimension": dim}, op, output=op.output)
-                return True
         if op.kind == "broadcast_in_dim" and same and \
                 tuple(op.params["broadcast_dimensions"]) == tuple(range(len(self.shape(x)))):
             return self.fold(op, x)
@@ -129,6 +123,20 @@ class _Simplifier(_Rewriter):
                 range(len(self.shape(x)))):
             return self.fold(op, x)
         return False
+
+    def iota_1d(self, op: Op) -> bool:
+        """An iota of rank > 1 counting along d is the broadcast of the 1-D iota
+        of that dim's length (the form a program that broadcasts its positions
+        has; an optimiser builds the multi-dim iota directly)."""
+        shape = self.shape(op.output)
+        if op.kind != "iota" or len(shape) < 2:
+            return False
+        d = op.params["dimension"]
+        dtype = self.g.tensors[op.output].dtype
+        line = self.new_op("iota", [], (shape[d],), dtype, {"dimension": 0}, op)
+        self.new_op("broadcast_in_dim", [line], shape, dtype, {"broadcast_dimensions": (d,)}, op,
+                    output=op.output)
+        return True
 
     def reciprocal(self, op: Op) -> bool:
         if op.kind != "mul" or len(op.inputs) != 2:
@@ -194,7 +202,7 @@ class _Simplifier(_Rewriter):
         changed = False
         for op in self.g.ops:
             op.inputs = [self.alias.get(i, i) for i in op.inputs]
-            if (self.neutral(op) or self.layout(op) or self.reciprocal(op)
+            if (self.neutral(op) or self.layout(op) or self.iota_1d(op) or self.reciprocal(op)
                     or self.dot_layout(op)):
                 changed = True
                 continue

@@ -88,15 +88,17 @@ def test_layout_identities_and_reshape_chains():
 
 
 @pytest.mark.parametrize("dim", [0, 1, 2])
-def test_broadcast_of_an_iota_is_an_iota(dim):
-    shape = (2, 8, 8)[:dim] + (8,) + (2, 8, 8)[dim + 1:]
+def test_a_multi_dim_iota_is_a_broadcast_1d_iota(dim):
+    shape = (2, 8, 8)[:dim] + (5,) + (2, 8, 8)[dim + 1:]
 
     def build(b, x):        # x: unused, the graph's one input
-        i = b.op("iota", [], (8,), "int32", {"dimension": 0})
-        return b.op("broadcast_in_dim", [i], shape, "int32", {"broadcast_dimensions": (dim,)})
-    g = _check(build, [(1,)], {"broadcast_in_dim"})
-    (iota,) = [op for op in g.ops if op.kind == "iota"]
-    assert iota.params["dimension"] == dim and g.tensors[iota.output].shape == shape
+        return b.op("iota", [], shape, "int32", {"dimension": dim})
+    g = _check(build, [(1,)], set())
+    iota, bcast = g.ops
+    assert iota.kind == "iota" and g.tensors[iota.output].shape == (5,)
+    assert bcast.kind == "broadcast_in_dim" and bcast.params["broadcast_dimensions"] == (dim,)
+    g2, ids = _graph(lambda b, x: b.op("iota", [], (5,), "int32", {"dimension": 0}), [(1,)])
+    assert not simplify_graph(g2, ids)          # a 1-D iota is already in normal form
 
 
 def test_reshape_of_reshape_is_one_reshape():
