@@ -104,7 +104,7 @@ def _verify_once(problem: Problem, engine: EngineName = "auto",
     timings["export"] = time.perf_counter() - t0
     if keep_facts is not None:
         keep_facts.mkdir(parents=True, exist_ok=True)
-    notes = [REAL_ARITHMETIC_NOTE]
+    notes = [REAL_ARITHMETIC_NOTE] + list(problem.notes)
     phase("engine")
     res = _evaluate(problem, tables, engine, window, keep_facts, cache_dir, reporter, main_dl)
     plan = res.plan if isinstance(res, SegmentedRun) else None

@@ -28,3 +28,6 @@ class Problem:
     # bring both graphs to the algebraic normal form (dlverify/simplify.py) before
     # export: set for HLO pairs, where an optimising compiler simplified one side
     normal_form: bool = False
+    # what the builder says about the problem (e.g. why scans were unrolled):
+    # copied into the verdict's notes
+    notes: list[str] = field(default_factory=list)

@@ -140,7 +140,11 @@ def test_scans_that_do_not_pair_are_unrolled_at_export():
 
     problem = import_jax(seq, _tp(dist, SPECS, (P(), P())), _args(4))
     assert not problem.scans
-    assert verify_problem(problem, engine="clingo").verified
+    res = verify_problem(problem, engine="clingo")
+    assert res.verified
+    # the verdict says why no induction was tried
+    (note,) = [n for n in res.notes if n.startswith("scans unrolled")]
+    assert note.endswith("the sequential program has 1 scans and the distributed one 2")
 
 
 def fori_pair(lo, hi):

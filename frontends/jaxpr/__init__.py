@@ -7,6 +7,8 @@ This module traces the two programs and reads shard_map's specs.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from typing import Any, Callable
 
 import numpy as np
@@ -93,26 +95,36 @@ def import_jax(seq_fn: Callable, dist_fn: Callable, args: tuple[Any, ...], name:
     seq_closed = _trace(seq_fn, avals, "seq_fn")
     dist_closed = _trace(dist_fn, avals, "dist_fn")
 
-    def build(summarise: bool) -> Problem | None:
+    def build(summarise: bool) -> Problem | _Unpaired:
         problem = _import(seq_closed, dist_closed, name, summarise)
-        if problem is not None:
+        if isinstance(problem, Problem):
             prefer_callers(problem.seq, home_file(seq_fn))
             prefer_callers(problem.dist, home_file(dist_fn))
         return problem
 
     problem = build(True) if induction else None
-    if problem is not None:
+    if isinstance(problem, Problem):
         if problem.scans:
-            problem.unroll = lambda: build(False)
+            problem.unroll = lambda: build(False)  # type: ignore[assignment,return-value]
         return problem
     # (no induction asked, or scans that do not pair: built unrolled)
     unrolled = build(False)
-    assert unrolled is not None
+    assert isinstance(unrolled, Problem)
+    if isinstance(problem, _Unpaired):
+        unrolled.notes.append(f"scans unrolled, not verified by induction: {problem.reason}")
     return unrolled
 
 
-def _import(seq_closed: Any, dist_closed: Any, name: str, summarise: bool) -> Problem | None:
-    """None when scans were summarised (`summarise`) but do not pair: build unrolled."""
+@dataclass(frozen=True)
+class _Unpaired:
+    """Why the two programs' scans could not be exported once each (built unrolled)."""
+
+    reason: str
+
+
+def _import(seq_closed: Any, dist_closed: Any, name: str,
+            summarise: bool) -> Problem | _Unpaired:
+    """_Unpaired when scans were summarised (`summarise`) but do not pair: build unrolled."""
     ids = IdAllocator()
 
     seq = Graph("sequential")
@@ -125,7 +137,10 @@ def _import(seq_closed: Any, dist_closed: Any, name: str, summarise: bool) -> Pr
 
     found = _find_shard_map(dist_closed)
     if found is None:  # (scans of a global dist_fn are unrolled)
-        return None if seq_scans else _import_global(seq, seq_in, dist_closed, ids, name)
+        if seq_scans:
+            return _Unpaired("the distributed program does work outside its shard_map, "
+                             "where its scans are not summarised")
+        return _import_global(seq, seq_in, dist_closed, ids, name)
     sm, pos = found
     p = sm.params
     jmesh = p["mesh"]
@@ -180,22 +195,25 @@ def _import(seq_closed: Any, dist_closed: Any, name: str, summarise: bool) -> Pr
     seq.input_names = dist.input_names = [f"in{i}" for i in range(n_top)]
     seq.output_names = dist.output_names = [f"out{i}" for i in range(len(seq.outputs))]
     problem = Problem(seq, dist, mesh, inputs, outputs, ids, [], name)
-    if (seq_scans or dist_scans) and not _pair_scans(problem, seq_scans or [], dist_scans or []):
-        return None
+    if seq_scans or dist_scans:
+        why = _pair_scans(problem, seq_scans or [], dist_scans or [])
+        if why is not None:
+            return _Unpaired(why)
     return problem
 
 
-def _pair_scans(problem: Problem, seq_scans: list[Any], dist_scans: list[Any]) -> bool:
+def _pair_scans(problem: Problem, seq_scans: list[Any], dist_scans: list[Any]) -> str | None:
     """problem.scans: the summaries of the scans, paired in order (dlverify/induction.py);
-    False when they do not all pair."""
+    why they do not all pair (None when they do)."""
     from dlverify.induction import ScanSummary, pair_scans
 
-    if pair_scans(seq_scans, dist_scans) is not None:
-        return False
+    why = pair_scans(seq_scans, dist_scans)
+    if why is not None:
+        return why
     for a, b in zip(seq_scans, dist_scans):
         body = Problem(a.body, b.body, problem.mesh, [], [], problem.ids, [], f"{problem.name} {b.where}")
         problem.scans.append(ScanSummary(a, b, body))
-    return True
+    return None
 
 
 def _import_global(seq: Graph, seq_in: list[int], dist_closed: Any, ids: IdAllocator,
