@@ -201,6 +201,15 @@ def whole_function(ex: FactSink, s: Site) -> tuple:
             (s.out_shape, g.tensors[s.op.output].dtype))
 
 
+def bitcast_convert(ex: FactSink, s: Site) -> tuple:
+    """Between integer types a bitcast is a function of the operand's value (equal
+    integers have equal bits): a whole function. With a float on either side it
+    is related by no rule: two equal reals need not have equal bits."""
+    g = s.graph
+    ints = all(g.tensors[t].dtype.startswith(("int", "uint")) for t in (*s.op.inputs, s.op.output))
+    return whole_function(ex, s) if ints else only_signature(ex, s)
+
+
 def elem_unary(ex: FactSink, s: Site) -> tuple:
     ex.add(S.ELEM_UNARY, s.op.id)
     return (s.op.kind, tuple(sorted(s.op.params.items())))

@@ -254,16 +254,27 @@ def _storage_dtype(name: str) -> np.dtype:
 
 
 def bitcast_convert(call: Call) -> np.ndarray:
-    """XLA's bitcast-convert between element types of one width: the operand,
-    stored in its element type `from`, read as the result's element type (the
-    float -> ordered-integer trick of sort comparators)."""
+    """XLA's bitcast-convert: the operand, stored in its element type `from`,
+    read as the result's element type (the float -> ordered-integer trick of
+    sort comparators). Between widths (integer types only, as frontends/hlo
+    emits it) a wider element becomes a last dim of narrower ones and a last
+    dim of narrower ones one wider element, in the host's byte order, which is
+    XLA's on CPU (little-endian); checked against jax.lax.bitcast_convert_type."""
     src, dst = _storage_dtype(call.params["from"]), _storage_dtype(call.out_dtype)
-    if src.itemsize != dst.itemsize:
-        raise NotExecutable(f"bitcast-convert {src} -> {dst} changes the width")
     x = np.asarray(call.ins[0])
     if is_exact(x) != (src.kind in "iub"):
         raise NotExecutable(f"bitcast-convert from {call.params['from']} of a {x.dtype} value")
-    return np.ascontiguousarray(x.astype(src)).view(dst)
+    stored = np.ascontiguousarray(x.astype(src))
+    if src.itemsize == dst.itemsize:
+        return stored.view(dst)
+    if src.kind not in "iu" or dst.kind not in "iu":
+        raise NotExecutable(f"bitcast-convert {src} -> {dst} changes the width of a non-integer")
+    if src.itemsize > dst.itemsize:
+        return stored.reshape(stored.shape + (1,)).view(dst)
+    if not stored.shape or stored.shape[-1] * src.itemsize != dst.itemsize:
+        raise NotExecutable(f"bitcast-convert {src}{list(stored.shape)} -> {dst}: the last dim "
+                            f"does not make one {dst} element")
+    return stored.view(dst).reshape(stored.shape[:-1])
 
 
 def dot_general(call: Call) -> np.ndarray:

@@ -204,9 +204,9 @@ _KINDS: list[OpKind] = [
     OpKind("rng_bit_generator", UNARY, F.OPAQUE, A.NONLINEAR, R.rng_bit_generator,
            X.whole_function),
     OpKind("custom_call", at_least(0), F.OPAQUE, A.NONLINEAR, None, X.only_signature),
-    # evaluated (sort comparators are probed with it), but related by no rule: two
-    # equal reals need not have equal bits
-    OpKind("bitcast_convert", UNARY, F.OPAQUE, A.NONLINEAR, T.bitcast_convert, X.only_signature),
+    # between integer types a whole function (a PRNG key's u32[4] <-> u64[2]); with a
+    # float, related by no rule: two equal reals need not have equal bits
+    OpKind("bitcast_convert", UNARY, F.OPAQUE, A.NONLINEAR, T.bitcast_convert, X.bitcast_convert),
 ]
 
 KINDS: dict[str, OpKind] = {k.name: k for k in _KINDS}

@@ -119,7 +119,22 @@ def _bitcast_convert(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloC
     t = L.tid(ins, ops[0])
     if L.dtype_of(t) == ins.shape.dtype and L.shape_of(t) == ins.shape.dims:
         return t
+    sh = L.array_shape(ins)
+    src = L.dtype_of(t)
+    if _is_int(src) and _is_int(sh.dtype):   # integer bits (a PRNG key): any width
+        a, b = np_dtype(src).itemsize, np_dtype(sh.dtype).itemsize
+        shape = L.shape_of(t)
+        want = (shape if a == b else shape + (a // b,) if a > b
+                else shape[:-1] if shape and shape[-1] * a == b else None)
+        if want != sh.dims:
+            raise L.err(ins, f"bitcast-convert {src}{list(shape)} -> {sh} does not keep the bits "
+                             f"(expected shape {list(want) if want is not None else 'none'})")
+        return L.emit("bitcast_convert", [t], sh.dims, sh.dtype, {"from": src}, loc, ins.name)
     return reinterpret_bits(L, ins, t, loc)
+
+
+def _is_int(dtype: str) -> bool:
+    return dtype.startswith(("int", "uint"))
 
 
 def reinterpret_bits(L: Lowerer, ins: HloInstruction, t: int, loc: SourceLoc) -> int:
