@@ -2,8 +2,9 @@
 u32[2,2] <-> u64[2]): evaluated as XLA does (checked against
 jax.lax.bitcast_convert_type on CPU) and related as a whole function of its
 operand (datalog/whole_fn.dl): equal integers have equal bits, so a replicated
-key gives replicated bits; a per-rank key does not. With a float on either
-side it stays unrelated outside sort comparators."""
+key gives replicated bits (and random bits read as floats, jax.random's
+uniform sampling, are replicated floats); a per-rank key does not. From a
+float it stays unrelated outside sort comparators."""
 # XLA_FLAGS (8 host devices, explicit replica groups): tests/conftest.py
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -18,11 +19,13 @@ from dlverify.ops import evaluate  # noqa: E402
 
 @pytest.mark.parametrize("src, dst, shape", [
     ("uint32", "uint8", (3, 2)), ("uint8", "uint32", (3, 4)), ("uint16", "uint32", (5, 2)),
-    ("int32", "uint16", (4,)), ("uint32", "int32", (2, 3)),
+    ("int32", "uint16", (4,)), ("uint32", "int32", (2, 3)), ("uint32", "float32", (6,)),
 ])
 def test_evaluator_matches_xla(src, dst, shape):
     rng = np.random.default_rng(0)
     x = rng.integers(0, np.iinfo(src).max, size=shape, dtype=src, endpoint=True)
+    if dst == "float32":          # finite floats only: the uniform-sampling mantissa trick
+        x = (x >> 9) | np.uint32(0x3F800000)
     want = np.asarray(lax.bitcast_convert_type(jnp.asarray(x), jnp.dtype(dst)))
     got = evaluate("bitcast_convert", {"from": src}, [x], want.shape, dst)
     np.testing.assert_array_equal(got, want)
@@ -62,6 +65,33 @@ def test_a_shape_that_does_not_keep_the_bits_is_one_error(tmp_path):
         verify_texts(tmp_path, keyed(1), bad)
     assert ei.value.file.endswith("dist.hlo") and ei.value.line == line
     assert "does not keep the bits" in ei.value.message
+
+
+def _bits_as_floats(per_rank: bool) -> str:
+    """jax.random's uniform sampling: u32 bits into a float's mantissa, read as f32."""
+    shift = ("  %pid = u32[] partition-id()\n  %pb = u32[4]{0} broadcast(u32[] %pid), dimensions={}\n"
+             "  %b = u32[4]{0} add(u32[4]{0} %s, u32[4]{0} %pb)\n" if per_rank
+             else "  %b = u32[4]{0} copy(u32[4]{0} %s)\n")
+    return f"""HloModule m, num_partitions=2
+
+ENTRY %main (s: u32[4]) -> f32[4] {{
+  %s = u32[4]{{0}} parameter(0)
+{shift}  %nine = u32[] constant(9)
+  %nb = u32[4]{{0}} broadcast(u32[] %nine), dimensions={{}}
+  %m = u32[4]{{0}} shift-right-logical(u32[4]{{0}} %b, u32[4]{{0}} %nb)
+  %one = u32[] constant(1065353216)
+  %ob = u32[4]{{0}} broadcast(u32[] %one), dimensions={{}}
+  %o = u32[4]{{0}} or(u32[4]{{0}} %m, u32[4]{{0}} %ob)
+  ROOT %f = f32[4]{{0}} bitcast-convert(u32[4]{{0}} %o)
+}}
+"""
+
+
+def test_integer_bits_read_as_floats_are_a_function_of_the_bits(tmp_path):
+    seq = _bits_as_floats(False).replace("num_partitions=2", "num_partitions=1")
+    ok = verify_texts(tmp_path, seq, _bits_as_floats(False))
+    assert ok.verified and ok.outputs == ["out0 = r0.out0  (replicated on all 2 ranks)"]
+    assert not verify_texts(tmp_path, seq, _bits_as_floats(True)).verified
 
 
 def test_float_bits_outside_a_comparator_stay_unknown(tmp_path):

@@ -202,11 +202,12 @@ def whole_function(ex: FactSink, s: Site) -> tuple:
 
 
 def bitcast_convert(ex: FactSink, s: Site) -> tuple:
-    """Between integer types a bitcast is a function of the operand's value (equal
-    integers have equal bits): a whole function. With a float on either side it
-    is related by no rule: two equal reals need not have equal bits."""
+    """From an integer type a bitcast is a function of the operand's value (equal
+    integers have equal bits): a whole function, whatever it reads the bits as
+    (random bits as a float's mantissa). From a float it is related by no rule:
+    two equal reals need not have equal bits."""
     g = s.graph
-    ints = all(g.tensors[t].dtype.startswith(("int", "uint")) for t in (*s.op.inputs, s.op.output))
+    ints = all(g.tensors[t].dtype.startswith(("int", "uint")) for t in s.op.inputs)
     return whole_function(ex, s) if ints else only_signature(ex, s)
 
 

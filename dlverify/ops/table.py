@@ -204,8 +204,8 @@ _KINDS: list[OpKind] = [
     OpKind("rng_bit_generator", UNARY, F.OPAQUE, A.NONLINEAR, R.rng_bit_generator,
            X.whole_function),
     OpKind("custom_call", at_least(0), F.OPAQUE, A.NONLINEAR, None, X.only_signature),
-    # between integer types a whole function (a PRNG key's u32[4] <-> u64[2]); with a
-    # float, related by no rule: two equal reals need not have equal bits
+    # from an integer type a whole function (a PRNG key's u32[2,2] -> u64[2], random
+    # bits -> a float); from a float, related by no rule: equal reals, other bits
     OpKind("bitcast_convert", UNARY, F.OPAQUE, A.NONLINEAR, T.bitcast_convert, X.bitcast_convert),
 ]
 

@@ -121,7 +121,10 @@ def _bitcast_convert(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloC
         return t
     sh = L.array_shape(ins)
     src = L.dtype_of(t)
-    if _is_int(src) and _is_int(sh.dtype):   # integer bits (a PRNG key): any width
+    same_width = np_dtype(src).itemsize == np_dtype(sh.dtype).itemsize
+    if _is_int(src) and (_is_int(sh.dtype) or same_width and L.shape_of(t) == sh.dims):
+        # integer bits (a PRNG key, random bits read as a float's mantissa): a
+        # function of the integer's value; to integers of any width
         a, b = np_dtype(src).itemsize, np_dtype(sh.dtype).itemsize
         shape = L.shape_of(t)
         want = (shape if a == b else shape + (a // b,) if a > b
