@@ -137,6 +137,14 @@ class Graph:
     def producer(self) -> dict[int, Op]:
         return {op.output: op for op in self.ops}
 
+    def consumers(self) -> dict[int, list[Op]]:
+        """The ops reading each tensor, in op order (an op reading it twice, twice)."""
+        out: dict[int, list[Op]] = {}
+        for op in self.ops:
+            for t in op.inputs:
+                out.setdefault(t, []).append(op)
+        return out
+
 
 class IdAllocator:
     """Hands out the global integer ids of tensors and ops. Sequential and
@@ -182,9 +190,16 @@ class GraphBuilder:
 
     def op(self, kind: str, inputs: list[int], shape: tuple[int, ...], dtype: str,
            params: dict[str, Any] | None = None, loc: SourceLoc | None = None,
-           name: str = "") -> int:
+           name: str = "", output: int | None = None) -> int:
+        """Append an op; its result is a new tensor of `shape` and `dtype`, or the
+        existing tensor `output` (of that shape and dtype: an op rewritten in place)."""
         assert kind in OPS, kind
-        out = self.tensor(shape, dtype, name)
+        if output is None:
+            out = self.tensor(shape, dtype, name)
+        else:
+            out = output
+            t = self.graph.tensors[out]
+            assert (t.shape, t.dtype) == (tuple(shape), dtype), (t, shape, dtype)
         self.graph.ops.append(Op(self.ids(), kind, list(inputs), out, dict(params or {}),
                                  loc or SourceLoc(), name))
         return out

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from dlverify.index_ranges import Affine, IndexFacts, Intervals, complement, intersect, shift, subset
-from dlverify.ir import Graph, IdAllocator, Op, Tensor
+from dlverify.ir import Graph, GraphBuilder, IdAllocator, Op, Tensor
 from dlverify.ops.dtypes import exact_dtype
 from dlverify.passes import fold
 from dlverify.problem import Problem
@@ -89,11 +89,8 @@ class _Graph:
 
     def new(self, kind: str, inputs: list[int], shape: tuple[int, ...], dtype: str, params: dict,
             like: Op, output: int | None = None) -> int:
-        if output is None:
-            output = self.ids()
-            self.g.tensors[output] = Tensor(output, tuple(shape), dtype, like.name)
-        self.pending.append(Op(self.ids(), kind, list(inputs), output, dict(params), like.loc, like.name))
-        return output
+        builder = GraphBuilder(Graph(self.g.name, tensors=self.g.tensors, ops=self.pending), self.ids)
+        return builder.op(kind, inputs, shape, dtype, params, like.loc, like.name, output)
 
     def shape(self, t: int) -> tuple[int, ...]:
         return self.g.tensors[t].shape

@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dlverify.ir import Graph, IdAllocator, Op, Tensor
+from dlverify.ir import Graph, GraphBuilder, IdAllocator, Op
 from dlverify.shift_algebra import Shift, ShiftAnalysis, big_dims, negated
 from dlverify.softmax_form import Source
 
@@ -74,10 +74,9 @@ class _Merges(ShiftAnalysis):
 
     def new(self, kind: str, ins: list[int], shape: tuple[int, ...], like: Op, em: _Emitted,
             params: dict | None = None) -> int:
-        t = self.ids()
-        self.g.tensors[t] = Tensor(t, shape, self.g.tensors[like.output].dtype)
-        em.ops.append(Op(self.ids(), kind, ins, t, params or {}, like.loc, like.name))
-        return t
+        builder = GraphBuilder(Graph(self.g.name, tensors=self.g.tensors, ops=em.ops), self.ids)
+        return builder.op(kind, ins, shape, self.g.tensors[like.output].dtype, params, like.loc,
+                          like.name)
 
     def place(self, stat: int, shape: tuple[int, ...], dims: tuple[int, ...], before: int,
               em: _Emitted, like: Op) -> int:

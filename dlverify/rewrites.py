@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from dlverify.ir import FoldedOp, Graph, IdAllocator, Op, Tensor
+from dlverify.ir import FoldedOp, Graph, GraphBuilder, IdAllocator, Op
 from dlverify.problem import Problem
 
 
@@ -41,21 +41,26 @@ class _Rewriter:
         self.g = graph
         self.ids = ids
         self.out: list[Op] = []
+        # new ops go to `out` (the graph's next op list), their tensors to the graph
+        self.builder = GraphBuilder(Graph(graph.name, tensors=graph.tensors, ops=self.out), ids)
         self.producer: dict[int, Op] = {}
         self.alias: dict[int, int] = {}   # tensor -> the tensor now holding its value
 
     def new_op(self, kind: str, inputs: list[int], shape: tuple[int, ...], dtype: str,
                params: dict, like: Op, output: int | None = None) -> int:
-        if output is None:
-            output = self.ids()
-            self.g.tensors[output] = Tensor(output, tuple(shape), dtype, like.name)
-        op = Op(self.ids(), kind, list(inputs), output, dict(params), like.loc, like.name)
-        self.out.append(op)
-        self.producer[output] = op
+        """An op computing like `like` (its source and name), into a new tensor or `output`."""
+        output = self.builder.op(kind, inputs, shape, dtype, params, like.loc, like.name, output)
+        self.producer[output] = self.out[-1]
         return output
 
     def shape(self, t: int) -> tuple[int, ...]:
         return self.g.tensors[t].shape
+
+    def fold(self, op: Op, value: int) -> bool:
+        """`op`'s result is tensor `value`: alias it, and keep the op for diagnosis."""
+        self.alias[op.output] = value
+        self.g.folded.append(FoldedOp(op.kind, op.loc, value))
+        return True
 
     # ------------------------------------------------------------------ dot
     def dot(self, op: Op) -> bool:
@@ -115,8 +120,7 @@ class _Rewriter:
                                                "strides": None}, op))
             off += size
         if len(pieces) == 1 and pieces[0] in cat.inputs:
-            self.alias[op.output] = pieces[0]
-            self.g.folded.append(FoldedOp(op.kind, op.loc, pieces[0]))
+            self.fold(op, pieces[0])
         elif len(pieces) == 1:
             # the one piece is a fresh slice: let it produce the original output
             new = self.out.pop()

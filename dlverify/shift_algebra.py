@@ -71,10 +71,7 @@ class ShiftAnalysis:
         self.g = g
         self.producer = {op.output: op for op in g.ops}
         self.position = {op.output: i for i, op in enumerate(g.ops)}
-        self.consumers: dict[int, list[Op]] = {}
-        for op in g.ops:
-            for t in op.inputs:
-                self.consumers.setdefault(t, []).append(op)
+        self.consumers: dict[int, list[Op]] = g.consumers()
         self.forms: dict[int, ExpForm] = {}
         self._classify()
         # statistics some factor rescales by: the running maxima of an online softmax;

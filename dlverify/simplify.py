@@ -47,8 +47,8 @@ import math
 
 import numpy as np
 
-from dlverify.ir import FoldedOp, Graph, IdAllocator, Op
-from dlverify.rewrites import _Rewriter, _drop_newly_dead, _unused
+from dlverify.ir import Graph, IdAllocator, Op
+from dlverify.rewrites import _drop_newly_dead, _Rewriter, _unused
 
 # op kind -> (neutral value, operand positions it may take)
 _NEUTRAL: dict[str, tuple[float, tuple[int, ...]]] = {
@@ -59,11 +59,8 @@ _PASSES = 4
 
 
 class _Simplifier(_Rewriter):
-    """One pass (`run`); op creation and aliases as in rewrites._Rewriter."""
-
-    def __init__(self, graph: Graph, ids: IdAllocator) -> None:
-        super().__init__(graph, ids)
-        self.producer.update({op.output: op for op in graph.ops})
+    """One pass (`run`) in op order, so every producer is seen before its readers;
+    op creation, aliases and folds as in rewrites._Rewriter."""
 
     def splat(self, t: int) -> float | None:
         """The one value tensor t holds everywhere, when it is a constant or a
@@ -79,12 +76,6 @@ class _Simplifier(_Rewriter):
             return None
         first = v.flat[0]
         return float(first) if np.all(v == first) else None
-
-    def fold(self, op: Op, value: int) -> bool:
-        """`op`'s result is tensor `value`: alias it, and keep the op for diagnosis."""
-        self.alias[op.output] = value
-        self.g.folded.append(FoldedOp(op.kind, op.loc, value))
-        return True
 
     # -- the rewrites: each returns True when it replaced `op` --------------
     def neutral(self, op: Op) -> bool:
@@ -149,13 +140,12 @@ class _Simplifier(_Rewriter):
             if r is None or r.kind != "div" or self.splat(r.inputs[0]) != 1.0 \
                     or self.shape(r.inputs[0]) != self.shape(r.inputs[1]):
                 continue
-            y = r.inputs[1]
+            y, x = r.inputs[1], op.inputs[1 - pos]
+            if self.shape(op.inputs[pos]) != self.shape(x):
+                continue
             if bcast is not None:
                 y = self.new_op("broadcast_in_dim", [y], self.shape(bcast.output),
-                             self.g.tensors[y].dtype, bcast.params, bcast)
-            x = op.inputs[1 - pos]
-            if self.shape(y) != self.shape(x):
-                continue
+                                self.g.tensors[y].dtype, bcast.params, bcast)
             self.new_op("div", [x, y], self.shape(op.output), self.g.tensors[op.output].dtype, {},
                      op, output=op.output)
             return True

@@ -21,33 +21,16 @@ located at the parameter's line.
 from __future__ import annotations
 
 import numpy as np
-
 from dlverify.frontends.hlo.model import FLAT_AXIS, np_dtype
-from dlverify.ir import Graph, IdAllocator, Op, SourceLoc, Tensor
+
+from dlverify.ir import Graph, GraphBuilder, IdAllocator, SourceLoc
 
 
-class _Prelude:
-    """Ops to put before the graph's own, in order."""
-
-    def __init__(self, graph: Graph, ids: IdAllocator, loc: SourceLoc, name: str) -> None:
-        self.graph, self.ids, self.loc, self.name = graph, ids, loc, name
-        self.ops: list[Op] = []
-
-    def tensor(self, shape: tuple[int, ...], dtype: str, suffix: str) -> int:
-        tid = self.ids()
-        self.graph.tensors[tid] = Tensor(tid, tuple(shape), dtype, f"{self.name}.{suffix}")
-        return tid
-
-    def op(self, kind: str, inputs: list[int], out: int, params: dict) -> int:
-        self.ops.append(Op(self.ids(), kind, inputs, out, params, self.loc, self.name))
-        return out
-
-    def new(self, kind: str, inputs: list[int], shape: tuple[int, ...], dtype: str,
-            params: dict, suffix: str) -> int:
-        return self.op(kind, inputs, self.tensor(shape, dtype, suffix), params)
-
-    def commit(self) -> None:
-        self.graph.ops[0:0] = self.ops
+def _builder(graph: Graph, ids: IdAllocator) -> GraphBuilder:
+    """A builder of new ops for `graph`: they go to a list of their own, which the
+    caller puts in front of the graph's ops (or after them); tensors go to the
+    graph's table at once."""
+    return GraphBuilder(Graph(graph.name, tensors=graph.tensors), ids)
 
 
 def segment_input(graph: Graph, ids: IdAllocator, pos: int, dim: int,
@@ -56,10 +39,11 @@ def segment_input(graph: Graph, ids: IdAllocator, pos: int, dim: int,
     old input tensor their concatenation along `dim`."""
     t = graph.inputs[pos]
     dtype = graph.tensors[t].dtype
-    pre = _Prelude(graph, ids, loc, name)
-    pieces = [pre.tensor(shp, dtype, f"seg{i}") for i, shp in enumerate(piece_shapes)]
-    pre.op("concatenate", pieces, t, {"dimension": dim})
-    pre.commit()
+    b = _builder(graph, ids)
+    pieces = [b.tensor(shp, dtype, f"{name}.seg{i}") for i, shp in enumerate(piece_shapes)]
+    b.op("concatenate", pieces, graph.tensors[t].shape, dtype, {"dimension": dim}, loc, name,
+         output=t)
+    graph.ops[0:0] = b.graph.ops
     graph.inputs[pos:pos + 1] = pieces
     graph.input_names[pos:pos + 1] = [f"{name}.seg{i}" for i in range(len(pieces))]
 
@@ -70,50 +54,52 @@ def rank0_only_input(graph: Graph, ids: IdAllocator, tensor: int, name: str,
     zeros)` of a fresh input b of the same shape, which takes its place among
     the inputs; returns b."""
     t = graph.tensors[tensor]
-    pre = _Prelude(graph, ids, loc, name)
-    b = pre.tensor(t.shape, t.dtype, "rank0")
-    rank = pre.new("axis_index", [], (), "int32", {"axis": FLAT_AXIS}, "rank")
-    zero_i = pre.new("constant", [], (), "int32", {"value": np.int32(0)}, "zero_rank")
-    is0 = pre.new("eq", [rank, zero_i], (), "bool", {}, "is_rank0")
-    pred = pre.new("broadcast_in_dim", [is0], t.shape, "bool",
-                   {"broadcast_dimensions": ()}, "is_rank0_b")
-    zeros = pre.new("constant", [], t.shape, t.dtype,
-                    {"value": np.zeros(t.shape, dtype=np_dtype(t.dtype))}, "zeros")
-    pre.op("select_n", [pred, zeros, b], tensor, {})
-    pre.commit()
-    graph.inputs[graph.inputs.index(tensor)] = b
-    return b
+    b = _builder(graph, ids)
+    held = b.tensor(t.shape, t.dtype, f"{name}.rank0")
+    rank = b.op("axis_index", [], (), "int32", {"axis": FLAT_AXIS}, loc, f"{name}.rank")
+    zero_i = b.op("constant", [], (), "int32", {"value": np.int32(0)}, loc, f"{name}.zero_rank")
+    is0 = b.op("eq", [rank, zero_i], (), "bool", {}, loc, f"{name}.is_rank0")
+    pred = b.op("broadcast_in_dim", [is0], t.shape, "bool", {"broadcast_dimensions": ()}, loc,
+                f"{name}.is_rank0_b")
+    zeros = b.op("constant", [], t.shape, t.dtype,
+                 {"value": np.zeros(t.shape, dtype=np_dtype(t.dtype))}, loc, f"{name}.zeros")
+    b.op("select_n", [pred, zeros, held], t.shape, t.dtype, {}, loc, name, output=tensor)
+    graph.ops[0:0] = b.graph.ops
+    graph.inputs[graph.inputs.index(tensor)] = held
+    return held
 
 
 def rank_id_value(graph: Graph, ids: IdAllocator, tensor: int, name: str, loc: SourceLoc) -> None:
     """Make `tensor` (a distributed-only parameter, no longer an input) the rank."""
     t = graph.tensors[tensor]
-    pre = _Prelude(graph, ids, loc, name)
+    b = _builder(graph, ids)
     if t.shape == ():
-        pre.op("axis_index", [], tensor, {"axis": FLAT_AXIS})
+        b.op("axis_index", [], (), t.dtype, {"axis": FLAT_AXIS}, loc, name, output=tensor)
     else:
-        r = pre.new("axis_index", [], (), t.dtype, {"axis": FLAT_AXIS}, "rank")
-        pre.op("broadcast_in_dim", [r], tensor, {"broadcast_dimensions": ()})
-    pre.commit()
+        r = b.op("axis_index", [], (), t.dtype, {"axis": FLAT_AXIS}, loc, f"{name}.rank")
+        b.op("broadcast_in_dim", [r], t.shape, t.dtype, {"broadcast_dimensions": ()}, loc, name,
+             output=tensor)
+    graph.ops[0:0] = b.graph.ops
 
 
 def constant_value(graph: Graph, ids: IdAllocator, tensor: int, value: float, name: str,
                    loc: SourceLoc) -> None:
     """Make `tensor` (a distributed-only parameter) the constant `value` everywhere."""
     t = graph.tensors[tensor]
-    pre = _Prelude(graph, ids, loc, name)
-    pre.op("constant", [], tensor,
-           {"value": np.full(t.shape, value, dtype=np_dtype(t.dtype))})
-    pre.commit()
+    b = _builder(graph, ids)
+    b.op("constant", [], t.shape, t.dtype,
+         {"value": np.full(t.shape, value, dtype=np_dtype(t.dtype))}, loc, name, output=tensor)
+    graph.ops[0:0] = b.graph.ops
 
 
 def opaque_value(graph: Graph, ids: IdAllocator, tensor: int, name: str, loc: SourceLoc) -> None:
     """Make `tensor` (a distributed-only parameter declared unused) a value no
     rule relates to anything: a constant of unknown value, like an elided one
     with no twin."""
-    pre = _Prelude(graph, ids, loc, name)
-    pre.op("constant", [], tensor, {"value": None})
-    pre.commit()
+    t = graph.tensors[tensor]
+    b = _builder(graph, ids)
+    b.op("constant", [], t.shape, t.dtype, {"value": None}, loc, name, output=tensor)
+    graph.ops[0:0] = b.graph.ops
 
 
 def reduce_output(graph: Graph, ids: IdAllocator, pos: int, ranks: int, mean: bool,
@@ -122,20 +108,16 @@ def reduce_output(graph: Graph, ids: IdAllocator, pos: int, ranks: int, mean: bo
     (divided by `ranks` for a mean): the ops go after the graph's own."""
     t = graph.outputs[pos]
     out = graph.tensors[t]
-    ops: list[Op] = []
-
-    def new(kind: str, inputs: list[int], params: dict, suffix: str) -> int:
-        tid = ids()
-        graph.tensors[tid] = Tensor(tid, out.shape, out.dtype, f"{name}.{suffix}")
-        ops.append(Op(ids(), kind, inputs, tid, params, loc, name))
-        return tid
-    total = new("all_reduce", [t], {"reducer": "sum", "groups": [list(range(ranks))]}, "sum")
+    b = GraphBuilder(graph, ids)
+    total = b.op("all_reduce", [t], out.shape, out.dtype,
+                 {"reducer": "sum", "groups": [list(range(ranks))]}, loc, f"{name}.sum")
     if mean:
-        n = new("constant", [], {"value": np.full(out.shape, ranks, dtype=np_dtype(out.dtype))},
-                "ranks")
-        total = new("div", [total, n], {}, "mean")
-    graph.ops.extend(ops)
+        n = b.op("constant", [], out.shape, out.dtype,
+                 {"value": np.full(out.shape, ranks, dtype=np_dtype(out.dtype))}, loc,
+                 f"{name}.ranks")
+        total = b.op("div", [total, n], out.shape, out.dtype, {}, loc, f"{name}.mean")
     graph.outputs[pos] = total
 
 
-__all__ = ["segment_input", "reduce_output", "rank0_only_input", "rank_id_value", "constant_value", "opaque_value"]
+__all__ = ["segment_input", "reduce_output", "rank0_only_input", "rank_id_value", "constant_value",
+           "opaque_value"]
