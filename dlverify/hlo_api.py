@@ -31,6 +31,7 @@ from dlverify.verdict import Result
 
 if TYPE_CHECKING:
     from dlverify.frontends.hlo import HloModule
+    from dlverify.frontends.hlo.pairing import PairingRecord
     from dlverify.patterns import Pattern
 
 
@@ -49,15 +50,16 @@ def read_hlo_module(path: str | Path) -> "HloModule":
 
 def hlo_problem(seq_path: str | Path, dist_path: str | Path, spec: Spec | None,
                 ranks: int | None, ids: IdAllocator, *, custom_calls: dict | None = None,
-                instruction_frames: bool = True, records: list | None = None) -> Problem:
+                instruction_frames: bool = True,
+                records: "PairingRecord | None" = None) -> Problem:
     """The Problem of a sequential and a distributed (SPMD, one program per rank)
     HLO text file, paired by `frontends.hlo.pairing.pair_modules`: parameters
     by number, outputs by position in the ENTRY root tuple. `ranks`: the
     --ranks argument; else the spec's `ranks`; else the distributed module's
     num_partitions * replica_count. `instruction_frames`: ops are located at
     their instruction's line in the file first, then at the user frames of
-    their metadata (see hlo_to_graph). `records`: filled with how each
-    parameter was related (frontends.hlo.pairing.ParamRecord)."""
+    their metadata (see hlo_to_graph). `records`: filled with what the pairing
+    decided (frontends.hlo.pairing.PairingRecord)."""
     from dlverify.frontends.hlo.pairing import pair_modules
 
     seq_mod, dist_mod = read_hlo_module(seq_path), read_hlo_module(dist_path)

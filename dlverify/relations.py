@@ -82,6 +82,23 @@ def replicated(shape: Sequence[int], ranks: int) -> BlockRelation:
     return BlockRelation(shape, shape, tuple((0,) * len(shape) for _ in range(ranks)))
 
 
+def even_split_dim(seq_shape: Sequence[int], dist_shape: Sequence[int], ranks: int) -> int | None:
+    """The one dim along which `dist_shape` is `seq_shape` divided by `ranks`
+    (every other dim equal), else None."""
+    if len(seq_shape) != len(dist_shape):
+        return None
+    diff = [i for i, (a, b) in enumerate(zip(seq_shape, dist_shape)) if a != b]
+    if len(diff) == 1 and dist_shape[diff[0]] * ranks == seq_shape[diff[0]]:
+        return diff[0]
+    return None
+
+
+def split_dim_of(rel: BlockRelation, ranks: int) -> int | None:
+    """The dim `rel` splits evenly over `ranks` in rank order, else None."""
+    d = even_split_dim(rel.seq_shape, rel.dist_shape, ranks)
+    return d if d is not None and rel == split_relation(rel.seq_shape, d, ranks) else None
+
+
 def split_relation(shape: Sequence[int], dim: int, ranks: int,
                    segments: Sequence[int] | None = None) -> BlockRelation:
     """Split evenly along `dim`; with `segments` the dim is a concatenation of

@@ -77,10 +77,16 @@ class ParamSpec:
     dist: int | None = None
 
     def describe(self) -> str:
+        """The entry in messages: the bare kind, or the TOML table of a split."""
+        return self.kind if self.kind in ("replicated", "rank0_only") else self.toml()
+
+    def toml(self) -> str:
+        """The entry as `[params]` TOML (what `dlverify spec` writes)."""
+        dist = f", dist = {self.dist}" if self.dist is not None else ""
         if self.kind in ("replicated", "rank0_only"):
-            return self.kind
+            return f"{{ {self.kind} = true{dist} }}" if dist else f'"{self.kind}"'
         seg = f", segments = {list(self.segments)}" if self.segments else ""
-        return f"{{ split = {self.dim}{seg} }}"
+        return f"{{ split = {self.dim}{seg}{dist} }}"
 
 
 @dataclass(frozen=True)

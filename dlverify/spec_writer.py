@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dlverify.ir import IdAllocator
-from dlverify.relations import BlockRelation, split_relation
+from dlverify.relations import BlockRelation, split_dim_of
 from dlverify.spec import OutputSpec, Spec, load_spec
 
 
@@ -31,22 +31,12 @@ def _output_entry(rel: BlockRelation | None, n: int) -> OutputSpec | None:
         return None
     if rel.is_replicated():
         return OutputSpec("replicated")
-    diff = [d for d, (x, y) in enumerate(zip(rel.seq_shape, rel.dist_shape)) if x != y]
-    if len(diff) == 1 and rel == split_relation(rel.seq_shape, diff[0], n):
-        return OutputSpec("concat", diff[0])
-    return None
-
-
-def _toml_entry(entry) -> str:
-    dist = f", dist = {entry.dist}" if entry.dist is not None else ""
-    if entry.kind in ("replicated", "rank0_only"):
-        return f"{{ {entry.kind} = true{dist} }}" if dist else f'"{entry.kind}"'
-    seg = f", segments = {list(entry.segments)}" if entry.segments else ""
-    return f"{{ split = {entry.dim}{seg}{dist} }}"
+    d = split_dim_of(rel, n)
+    return OutputSpec("concat", d) if d is not None else None
 
 
 def _comment(text: str) -> str:
-    return " ".join(text.split()).replace("\n", " ")
+    return " ".join(text.split())
 
 
 def infer_spec(seq_path: str | Path, dist_path: str | Path, spec_path: str | Path | None = None,
@@ -55,12 +45,12 @@ def infer_spec(seq_path: str | Path, dist_path: str | Path, spec_path: str | Pat
     """Infer the spec of an HLO pair (see the module docstring). `spec_path`: a
     partial spec whose statements are kept (e.g. its [dist_params])."""
     from dlverify.api import verify_problem
-    from dlverify.frontends.hlo.pairing import ParamRecord
+    from dlverify.frontends.hlo.pairing import PairingRecord
     from dlverify.hlo_api import _registry, hlo_problem, relate_elided_constants
     from dlverify.outputs import infer_output_relation
 
     spec: Spec | None = load_spec(spec_path) if spec_path is not None else None
-    records: list[ParamRecord] = []
+    records = PairingRecord()
     problem = hlo_problem(seq_path, dist_path, spec, ranks, IdAllocator(),
                           custom_calls=_registry(custom_calls), records=records)
     stated_outputs = list(problem.outputs)
@@ -73,16 +63,16 @@ def infer_spec(seq_path: str | Path, dist_path: str | Path, spec_path: str | Pat
              "# " + ("The pair verifies under this spec." if res.verified else
                      "The pair is NOT verified under this spec: run `dlverify check` with it "
                      "to see where.")]
-    rank_note = next((a for a in problem.assumptions if " ranks from the " in a), "")
+    rank_note = records.rank_evidence
     lines += ["", f"ranks = {n}" + (f"    # {_comment(rank_note)}" if rank_note else ""), "",
               "[params]"]
-    for rec in records:
+    for rec in records.params:
         if rec.entry is None:
             lines.append(f"# {rec.seq}: no spec entry states this relation ({_comment(rec.evidence)})")
             continue
         stated = spec is not None and rec.seq in spec.params
         why = "stated by the input spec" if stated else (rec.evidence or "stated by the caller")
-        lines.append(f"{rec.seq} = {_toml_entry(rec.entry)}    # {_comment(why)}")
+        lines.append(f"{rec.seq} = {rec.entry.toml()}    # {_comment(why)}")
     if spec is not None and spec.dist_params:
         lines += ["", "[dist_params]"]
         for j, ds in sorted(spec.dist_params.items()):

@@ -15,6 +15,11 @@ def is_float_dtype(dtype: object) -> bool:
     return str(dtype).startswith(("float", "bfloat", "complex"))
 
 
+def is_int_dtype(dtype: object) -> bool:
+    """Signed or unsigned integer element type, by name (any width)."""
+    return str(dtype).startswith(("int", "uint"))
+
+
 # By name: numpy reads "int4" and "int2" as its legacy 4- and 2-byte aliases,
 # while the IR (from HLO's s4, s2) means 4- and 2-bit integers.
 _EXACT = {name: np.dtype(name) for name in ("bool", "int8", "int16", "int32", "int64", "uint8",

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from dlverify import schema as S
-from dlverify.ops.dtypes import is_float_dtype
+from dlverify.ops.dtypes import is_float_dtype, is_int_dtype
 from dlverify.ops.semantics import NotExecutable
 from dlverify.ops.structural import clamp_start, scalar_index
 
@@ -207,7 +207,7 @@ def bitcast_convert(ex: FactSink, s: Site) -> tuple:
     (random bits as a float's mantissa). From a float it is related by no rule:
     two equal reals need not have equal bits."""
     g = s.graph
-    ints = all(g.tensors[t].dtype.startswith(("int", "uint")) for t in s.op.inputs)
+    ints = all(is_int_dtype(g.tensors[t].dtype) for t in s.op.inputs)
     return whole_function(ex, s) if ints else only_signature(ex, s)
 
 

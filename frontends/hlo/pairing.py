@@ -25,21 +25,40 @@ modules of an XLA dump folder (`check-dump`), and a `jax.jit` with shardings
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-
-from dlverify.errors import InputError
+from dlverify.frontends.hlo.boundary import (
+    constant_value,
+    opaque_value,
+    rank0_only_input,
+    rank_id_value,
+    reduce_output,
+    segment_input,
+)
 from dlverify.frontends.hlo.lower import HloParam, hlo_to_graph
 from dlverify.frontends.hlo.model import FLAT_AXIS, MAX_RANKS, HloModule
-from dlverify.frontends.hlo.boundary import (constant_value, opaque_value, rank0_only_input,
-                                             rank_id_value, reduce_output, segment_input)
-from dlverify.frontends.hlo.param_infer import (CutFinder, RankCount, infer_segments, match_params,
-                                                ranks_from_collectives, shapes_compatible)
+from dlverify.frontends.hlo.param_infer import (
+    CutFinder,
+    RankCount,
+    infer_segments,
+    match_params,
+    ranks_from_collectives,
+    shapes_compatible,
+)
+
+from dlverify.errors import InputError
 from dlverify.ir import Frame, Graph, IdAllocator, Mesh, SourceLoc, Tensor
+from dlverify.ops.dtypes import is_int_dtype
 from dlverify.problem import Problem
-from dlverify.relations import BlockRelation, replicated, split_relation
+from dlverify.relations import (
+    BlockRelation,
+    even_split_dim,
+    replicated,
+    split_dim_of,
+    split_relation,
+)
 from dlverify.spec import ParamSpec, Spec
 
 
@@ -74,6 +93,15 @@ class ParamRecord:
     dist: int | None
     entry: ParamSpec | None     # None: no spec entry can state the relation
     evidence: str = ""
+
+
+@dataclass
+class PairingRecord:
+    """What `pair_modules` decided, for `dlverify spec`: where the rank count came
+    from (empty when stated) and one ParamRecord per sequential parameter."""
+
+    rank_evidence: str = ""
+    params: list[ParamRecord] = field(default_factory=list)
 
 
 def _shape_str(shape: tuple[int, ...], dtype: str = "") -> str:
@@ -142,13 +170,13 @@ def _pair_params(seq: Graph, sp: list[HloParam], dist: Graph, dp: list[HloParam]
         annotated = b.relation is not None and b.relation.seq_shape == a.shape
         return a.dtype == b.dtype and (a.number in spec_params or annotated
                                        or shapes_compatible(a.shape, b.shape, n))
+    by_num = {b.number: b for b in dp}
     if len(free_s) == len(free_d) and all(a.number == b.number and fits(a, b)
                                            for a, b in zip(free_s, free_d)):
         chosen = {a.number: b for a, b in zip(free_s, free_d)}
         why: dict[int, str] = {}
     else:
         found = match_params(free_s, free_d, seq, dist, fits)
-        by_num = {b.number: b for b in dp}
         chosen = {m.seq: by_num[m.dist] for m in found.matches}
         why = {m.seq: m.evidence for m in found.matches}
         for m in found.matches:
@@ -167,7 +195,6 @@ def _pair_params(seq: Graph, sp: list[HloParam], dist: Graph, dp: list[HloParam]
         for k in found.unpaired_seq:
             assumptions.append(f"parameter {k} ({sp[k].name}) has no distributed counterpart: "
                                f"the distributed program does not read it")
-    by_num = {b.number: b for b in dp}
     chosen.update({k: by_num[j] for k, j in explicit.items()})
     return [ParamPair(a, chosen.get(a.number), why.get(a.number, "")) for a in sp]
 
@@ -176,13 +203,11 @@ def _infer(k: int, name: str, s_shape: tuple[int, ...], d_shape: tuple[int, ...]
            dist_file: str, line: int) -> tuple[BlockRelation, str]:
     if s_shape == d_shape:
         return replicated(s_shape, ranks), "replicated (same shape in both programs)"
-    if len(s_shape) == len(d_shape):
-        diff = [i for i, (a, b) in enumerate(zip(s_shape, d_shape)) if a != b]
-        if len(diff) == 1 and d_shape[diff[0]] * ranks == s_shape[diff[0]]:
-            d = diff[0]
-            return (split_relation(s_shape, d, ranks),
-                    f"split evenly along dim {d} over {ranks} ranks, rank order (inferred from "
-                    f"the shapes)")
+    d = even_split_dim(s_shape, d_shape, ranks)
+    if d is not None:
+        return (split_relation(s_shape, d, ranks),
+                f"split evenly along dim {d} over {ranks} ranks, rank order (inferred from "
+                f"the shapes)")
     raise InputError(f"parameter {k} ({name}): cannot infer its relation from the shapes "
                      f"{_shape_str(s_shape)} (sequential) and {_shape_str(d_shape)} (distributed) "
                      f"over {ranks} ranks: name it in the spec's [params]", dist_file, line)
@@ -201,42 +226,27 @@ class _Decision:
     evidence: str = ""     # why, when neither the spec nor the caller stated it
 
 
-class _Finders:
-    """The two graphs' CutFinders, built on first use."""
-
-    def __init__(self, seq: Graph, dist: Graph) -> None:
-        self.graphs = (seq, dist)
-        self.built: tuple[CutFinder, CutFinder] | None = None
-
-    def get(self) -> tuple[CutFinder, CutFinder]:
-        if self.built is None:
-            self.built = (CutFinder(self.graphs[0]), CutFinder(self.graphs[1]))
-        return self.built
-
-
-def _unspecified(pair: ParamPair, n: int, policy: ParamPolicy, finders: _Finders,
-                 dist_file: str, assumptions: list[str]) -> _Decision:
+def _unspecified(pair: ParamPair, n: int, policy: ParamPolicy,
+                 finders: tuple[CutFinder, CutFinder], dist_file: str,
+                 assumptions: list[str]) -> _Decision:
     """The relation of a parameter the spec does not name."""
     a, b = pair.seq, pair.dist
     assert b is not None
     rel = b.relation
     if rel is not None and rel.seq_shape == a.shape and rel.dist_shape == b.shape \
             and len(rel.offsets) == n:
+        sh = b.sharding.text if b.sharding is not None else ""
         if policy.sharding_is_assumption:
-            sh = b.sharding.text if b.sharding is not None else ""
             assumptions.append(f"parameter {a.number} ({b.name}): relation from its sharding "
                                f"annotation sharding={sh}")
-        return _Decision(rel, evidence=f"from its sharding annotation sharding="
-                                       f"{b.sharding.text if b.sharding is not None else ''}")
+        return _Decision(rel, evidence=f"from its sharding annotation sharding={sh}")
     if policy.infer_from_shapes:
         rel, why = _infer(a.number, b.name, a.shape, b.shape, n, dist_file, b.line)
         head = (f"parameter {a.number} ({b.name}, sequential {_shape_str(a.shape, a.dtype)}, "
                 f"distributed {_shape_str(b.shape, b.dtype)})")
-        split = [d for d, (x, y) in enumerate(zip(a.shape, b.shape)) if x != y]
-        segs = None
-        if split:
-            seq_f, dist_f = finders.get()
-            segs = infer_segments(seq_f, a.tensor, dist_f, b.tensor, split[0], n)
+        split = even_split_dim(a.shape, b.shape, n)
+        segs = None if split is None else infer_segments(finders[0], a.tensor, finders[1],
+                                                         b.tensor, split, n)
         if segs is not None:
             assumptions.append(f"{head}: segments {list(segs.sizes)} of dim {segs.dim}, each "
                                f"split evenly over {n} ranks, rank order: {segs.evidence}")
@@ -264,13 +274,9 @@ def _record(pair: ParamPair, dec: _Decision, n: int) -> ParamRecord:
     else:
         rel = dec.relation
         assert rel is not None
-        diff = [d for d, (x, y) in enumerate(zip(rel.seq_shape, rel.dist_shape)) if x != y]
-        if rel.is_replicated():
-            entry = ParamSpec("replicated", dist=dist)
-        elif len(diff) == 1 and rel == split_relation(rel.seq_shape, diff[0], n):
-            entry = ParamSpec("split", diff[0], dist=dist)
-        else:
-            entry = None
+        d = split_dim_of(rel, n)
+        entry = (ParamSpec("replicated", dist=dist) if rel.is_replicated()
+                 else ParamSpec("split", d, dist=dist) if d is not None else None)
     return ParamRecord(a.number, b.number if b is not None else None, entry, why)
 
 
@@ -327,7 +333,7 @@ def _dist_only_values(dist: Graph, ids: IdAllocator, dp: list[HloParam], spec: S
         loc = SourceLoc((Frame(dist_file, b.line, b.name),), "")
         label = f"dist_param{j}"
         if ds.kind == "rank_id":
-            if b.dtype not in _INT_DTYPES or len(b.shape) > 1 or (b.shape and b.shape[0] != 1):
+            if not is_int_dtype(b.dtype) or len(b.shape) > 1 or (b.shape and b.shape[0] != 1):
                 raise InputError(f"[dist_params] {j} = \"rank_id\": {b.name} is "
                                  f"{_shape_str(b.shape, b.dtype)}, not an integer scalar",
                                  spec.file, ds.line)
@@ -341,8 +347,6 @@ def _dist_only_values(dist: Graph, ids: IdAllocator, dp: list[HloParam], spec: S
         else:
             opaque_value(dist, ids, b.tensor, label, loc)
 
-
-_INT_DTYPES = frozenset({"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"})
 
 
 def _spec_outputs(spec: Spec, seq_outs: list[tuple[int, ...]], dist_outs: list[tuple[int, ...]],
@@ -380,15 +384,15 @@ def pair_modules(seq_mod: HloModule, dist_mod: HloModule, ids: IdAllocator, *,
                  expected_outputs: list[BlockRelation | None] | None = None,
                  policy: ParamPolicy = ParamPolicy(), custom_calls: dict[str, Any] | None = None,
                  instruction_frames: bool = False, name: str = "",
-                 records: list[ParamRecord] | None = None) -> Problem:
+                 records: PairingRecord | None = None) -> Problem:
     """The Problem of a sequential module and a distributed (SPMD, one program
     per rank) module; see the module docstring for the steps. `dist_args`: the
     sequential parameter of each distributed parameter (default: the same
     number); `input_names`: names of the sequential parameters (default
     paramN); `expected_outputs`: output relations from the caller (used where
     the spec has no `[outputs]` entry; an output whose distributed shape
-    disagrees with it is an error); `records`: if given, filled with one
-    ParamRecord per sequential parameter (what `dlverify spec` prints)."""
+    disagrees with it is an error); `records`: if given, filled with what was
+    decided (what `dlverify spec` prints)."""
     rank_count = resolve_ranks(dist_mod, ranks, spec)
     n = rank_count.n
     spec_file = spec.file if spec is not None else ""
@@ -412,7 +416,7 @@ def pair_modules(seq_mod: HloModule, dist_mod: HloModule, ids: IdAllocator, *,
     _dist_only_values(dist, ids, dist_info.params, spec, dist_mod.file)
 
     decisions: list[_Decision] = []
-    finders = _Finders(seq, dist)
+    finders = (CutFinder(seq), CutFinder(dist))
     dist_inputs: list[int] = []
     for pair in pairs:
         a, b = pair.seq, pair.dist
@@ -433,7 +437,8 @@ def pair_modules(seq_mod: HloModule, dist_mod: HloModule, ids: IdAllocator, *,
             decisions.append(_spec_decision(pair, ps, n, spec_file))
     dist.inputs = dist_inputs
     if records is not None:
-        records.extend(_record(p, d, n) for p, d in zip(pairs, decisions))
+        records.rank_evidence = rank_count.evidence
+        records.params.extend(_record(p, d, n) for p, d in zip(pairs, decisions))
     seq.input_names = list(input_names) if input_names is not None else \
         [f"param{p.seq.number}" for p in pairs]
     dist.input_names = list(seq.input_names)
@@ -495,4 +500,5 @@ def pair_modules(seq_mod: HloModule, dist_mod: HloModule, ids: IdAllocator, *,
                    outputs, ids, assumptions, name, normal_form=True)
 
 
-__all__ = ["pair_modules", "resolve_ranks", "ParamPolicy", "ParamPair", "ParamRecord"]
+__all__ = ["pair_modules", "resolve_ranks", "ParamPolicy", "ParamPair", "ParamRecord",
+           "PairingRecord"]

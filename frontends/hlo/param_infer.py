@@ -22,16 +22,19 @@ comments, so a wrong guess is visible, never hidden behind "verified"):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment
-
-from dlverify.frontends.hlo.attributes import parse_replica_groups
+from dlverify.frontends.hlo.attributes import ints, parse_replica_groups
 from dlverify.frontends.hlo.lower import HloParam
 from dlverify.frontends.hlo.model import HloModule
+from scipy.optimize import linear_sum_assignment
+
 from dlverify.ir import Graph, Op
 from dlverify.ops.table import KINDS, Family
+from dlverify.relations import even_split_dim
+from dlverify.rewrites import _dot_out_dim
 
 
 @dataclass(frozen=True)
@@ -57,9 +60,7 @@ def ranks_from_collectives(mod: HloModule) -> RankCount | None:
                 groups = None     # the lowering reports the bad attribute at its line
             for g in groups or ():
                 members.extend(g)
-            pairs = ins.attrs.get("source_target_pairs")
-            if pairs:
-                members.extend(int(x) for x in _ints(pairs))
+            members.extend(ints(ins.attrs.get("source_target_pairs")))
             if members and (best is None or max(members) + 1 > best[0]):
                 best = (max(members) + 1, ins.opcode, ins.line)
     if best is None:
@@ -70,29 +71,13 @@ def ranks_from_collectives(mod: HloModule) -> RankCount | None:
                         f"num_partitions)")
 
 
-def _ints(text: str) -> list[str]:
-    out, cur = [], ""
-    for ch in text:
-        if ch.isdigit():
-            cur += ch
-        elif cur:
-            out.append(cur)
-            cur = ""
-    return out + ([cur] if cur else [])
-
-
 # ---------------------------------------------------------------------------
 # Parameter pairing
 
 def shapes_compatible(seq: tuple[int, ...], dist: tuple[int, ...], n: int) -> bool:
     """Whether some relation the shapes can state links the two: equal shapes
     (replicated), or one dim of the sequential shape divided by `n`."""
-    if seq == dist:
-        return True
-    if len(seq) != len(dist):
-        return False
-    diff = [i for i, (a, b) in enumerate(zip(seq, dist)) if a != b]
-    return len(diff) == 1 and dist[diff[0]] * n == seq[diff[0]]
+    return seq == dist or even_split_dim(seq, dist, n) is not None
 
 
 def use_signatures(g: Graph, tensors: list[int]) -> dict[int, tuple[tuple[str, int], ...]]:
@@ -195,14 +180,6 @@ def match_params(sp: list[HloParam], dp: list[HloParam], seq_g: Graph, dist_g: G
 _TRACK_DEPTH = 4
 
 
-def _consumers(g: Graph) -> dict[int, list[Op]]:
-    out: dict[int, list[Op]] = {}
-    for op in g.ops:
-        for t in op.inputs:
-            out.setdefault(t, []).append(op)
-    return out
-
-
 def _dim_through(op: Op, g: Graph, pos: int, dim: int) -> int | None:
     """Where dim `dim` of operand `pos` lands in `op`'s output, when the op keeps
     that dim whole and in order (None: it does not, or we do not follow it)."""
@@ -219,19 +196,13 @@ def _dim_through(op: Op, g: Graph, pos: int, dim: int) -> int | None:
         return op.params["broadcast_dimensions"][dim]
     if op.kind == "dot_general" and pos in (0, 1):
         p = op.params
-        contract = p["lhs_contract"] if pos == 0 else p["rhs_contract"]
-        batch = p["lhs_batch"] if pos == 0 else p["rhs_batch"]
-        if dim in contract:
+        key = "lhs" if pos == 0 else "rhs"
+        if dim in p[f"{key}_contract"]:
             return None
-        if dim in batch:
-            return list(batch).index(dim)
-        nb = len(p["lhs_batch"])
-        lhs_rank = len(g.tensors[op.inputs[0]].shape)
-        lhs_free = [d for d in range(lhs_rank) if d not in p["lhs_contract"] + p["lhs_batch"]]
-        rhs_rank = len(g.tensors[op.inputs[1]].shape)
-        rhs_free = [d for d in range(rhs_rank) if d not in p["rhs_contract"] + p["rhs_batch"]]
-        free = lhs_free if pos == 0 else rhs_free
-        return nb + (0 if pos == 0 else len(lhs_free)) + free.index(dim)
+        if dim in p[f"{key}_batch"]:
+            return list(p[f"{key}_batch"]).index(dim)
+        return _dot_out_dim(p, len(g.tensors[op.inputs[0]].shape),
+                            len(g.tensors[op.inputs[1]].shape), pos, dim)
     return None
 
 
@@ -246,11 +217,15 @@ class Cut:
 
 class CutFinder:
     """The proper slices of a tensor's dim in one graph (`cuts`), with the
-    graph's consumer index built once (pairing asks for every parameter)."""
+    graph's consumer index built once, on first use (pairing asks for every
+    parameter whose shapes say "split", often none)."""
 
     def __init__(self, g: Graph) -> None:
         self.g = g
-        self.uses = _consumers(g)
+
+    @cached_property
+    def uses(self) -> dict[int, list[Op]]:
+        return self.g.consumers()
 
     def cuts(self, tensor: int, dim: int) -> list[Cut]:
         """The proper slices of `tensor`'s dim `dim`, followed through ops that

@@ -9,7 +9,7 @@ import numpy as np
 from dlverify.frontends.hlo.model import HloComputation, HloInstruction, np_dtype
 from dlverify.frontends.hlo.ops.registry import Val, handler
 from dlverify.ir import SourceLoc, is_float_dtype
-from dlverify.ops.dtypes import convert_kind
+from dlverify.ops.dtypes import convert_kind, is_int_dtype
 
 if TYPE_CHECKING:
     from dlverify.frontends.hlo.lower import Lowerer
@@ -122,7 +122,7 @@ def _bitcast_convert(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloC
     sh = L.array_shape(ins)
     src = L.dtype_of(t)
     same_width = np_dtype(src).itemsize == np_dtype(sh.dtype).itemsize
-    if _is_int(src) and (_is_int(sh.dtype) or same_width and L.shape_of(t) == sh.dims):
+    if is_int_dtype(src) and (is_int_dtype(sh.dtype) or same_width and L.shape_of(t) == sh.dims):
         # integer bits (a PRNG key, random bits read as a float's mantissa): a
         # function of the integer's value; to integers of any width
         a, b = np_dtype(src).itemsize, np_dtype(sh.dtype).itemsize
@@ -135,9 +135,6 @@ def _bitcast_convert(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloC
         return L.emit("bitcast_convert", [t], sh.dims, sh.dtype, {"from": src}, loc, ins.name)
     return reinterpret_bits(L, ins, t, loc)
 
-
-def _is_int(dtype: str) -> bool:
-    return dtype.startswith(("int", "uint"))
 
 
 def reinterpret_bits(L: Lowerer, ins: HloInstruction, t: int, loc: SourceLoc) -> int:

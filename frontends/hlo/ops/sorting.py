@@ -17,7 +17,9 @@ from dlverify.frontends.hlo.attributes import ints
 from dlverify.frontends.hlo.comparator import comparator_order
 from dlverify.frontends.hlo.model import HloComputation, HloInstruction, HloShape
 from dlverify.frontends.hlo.ops.registry import Val, handler
+
 from dlverify.ir import SourceLoc, is_float_dtype
+from dlverify.ops.dtypes import is_int_dtype
 
 if TYPE_CHECKING:
     from dlverify.frontends.hlo.lower import Lowerer
@@ -92,7 +94,7 @@ def emit_top_k(L: Lowerer, ins: HloInstruction, x: int, k: int, loc: SourceLoc) 
     res = _results(L, ins, 2)
     want = shape[:-1] + (k,)
     if res[0].dims != want or res[1].dims != want or res[0].dtype != L.dtype_of(x) \
-            or not res[1].dtype.startswith(("int", "uint")):
+            or not is_int_dtype(res[1].dtype):
         raise L.err(ins, f"top-k of {L.dtype_of(x)}{list(shape)} with k={k} declares the result "
                          f"{ins.shape}, expected ({L.dtype_of(x)}{list(want)}, s32{list(want)})")
     params = {"axis": len(shape) - 1, "k": k}
