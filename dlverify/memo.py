@@ -24,6 +24,7 @@ import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import metadata
+from operator import itemgetter
 from pathlib import Path
 from typing import Callable
 
@@ -37,6 +38,11 @@ MARSHAL_VERSION = 2  # the key's serialisation: version 2 writes no back-referen
 # Relations whose ValueId columns are named first (by the tensor they describe),
 # so interned values get canonical names in a canonical order.
 VALUE_FIRST = (S.SEQ_SPLAT, S.DIST_SPLAT)
+# Columns holding an op signature (Op_Sig's numbering of kinds and params), by
+# relation name: renamed by one namer, Op_Sig's first, so a row about a signature
+# (Sig_Zero: ops of signature g map zeros to zero) keeps naming the same ops. Left
+# as plain numbers, a renamed Op_Sig could meet another signature's row: unsound.
+SIG_COLUMNS: dict[str, str] = {"Op_Sig": "sig", "Sig_Zero": "g"}
 
 
 @dataclass
@@ -71,6 +77,16 @@ def _renamer(arity: int, cols: tuple[int, ...]) -> Callable[[tuple, _Namer], tup
     once per shape: the generic loop over columns dominated a segment's cost)."""
     parts = ", ".join(f"g[r[{i}]]" if i in cols else f"r[{i}]" for i in range(arity))
     return eval(f"lambda r, g: ({parts},)")  # noqa: S307 - built from integers only
+
+
+@lru_cache(maxsize=None)
+def _other_columns(arity: int, masked: tuple[int, ...]) -> Callable[[list], object]:
+    """Sort key of a row by its columns outside `masked` (a C-level itemgetter: the
+    same order as comparing whole rows with the masked columns blanked)."""
+    rest = [i for i in range(arity) if i not in masked]
+    if not rest:
+        return lambda row: 0
+    return itemgetter(*rest)
 
 
 def offsets_record(offs: tuple[int, ...] | list[int]) -> object:
@@ -124,14 +140,15 @@ def canonicalise(order: list[int], tables: dict[S.Relation, list[tuple]],
         out[S.SEED_OFF] = off_rows
 
     values, sigs = _Namer(), _Namer()
-    rels = list(VALUE_FIRST) + [r for r in tables if r not in VALUE_FIRST]
+    first = VALUE_FIRST + (S.OP_SIG,)
+    rels = list(first) + [r for r in tables if r not in first]
     for rel in rels:
         rows = tables.get(rel)
         if not rows:
             continue
         id_cols = [i for i, c in enumerate(rel.columns) if c.type in ID_TYPES]
         val_cols = [i for i, c in enumerate(rel.columns) if c.type == "ValueId"]
-        sig_cols = [i for i, c in enumerate(rel.columns) if rel is S.OP_SIG and c.name == "sig"]
+        sig_cols = [i for i, c in enumerate(rel.columns) if SIG_COLUMNS.get(rel.name) == c.name]
         masked = val_cols + sig_cols
 
         rename = _renamer(rel.arity, tuple(id_cols))
@@ -143,7 +160,7 @@ def canonicalise(order: list[int], tables: dict[S.Relation, list[tuple]],
             continue
         # Name values and signatures in the order of the rows' other columns.
         renamed = [list(rename(row, ids)) for row in rows]
-        renamed.sort(key=lambda row: [0 if i in masked else x for i, x in enumerate(row)])
+        renamed.sort(key=_other_columns(rel.arity, tuple(masked)))
         for row in renamed:
             for i in val_cols:
                 row[i] = values(row[i])

@@ -41,14 +41,14 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Collection
 
 from dlverify import schema as S
 from dlverify.engine import EngineName, run_program
 from dlverify.facts import FactTables
 from dlverify.induction import ScanSummary, induct, splat_views
 from dlverify.ir import Graph
-from dlverify.memo import Memo, canonicalise, offsets_record, views_back
+from dlverify.memo import SIG_COLUMNS, Memo, canonicalise, offsets_record, views_back
 from dlverify.problem import Problem
 from dlverify.structure import Repetition, Segment, SegmentPlan, find_repetitions
 
@@ -81,7 +81,11 @@ class _Index:
         self.by_tensor: dict[int, list[tuple[str, tuple]]] = defaultdict(list)
         self.by_value: dict[int, list[tuple[str, tuple]]] = defaultdict(list)
         self.contract: dict[int, list[tuple]] = defaultdict(list)
+        # rows about an op signature (no op or tensor column): they travel with the
+        # window's Op_Sig rows of that signature
+        self.by_sig: dict[int, list[tuple[str, tuple]]] = defaultdict(list)
         self.global_rows: dict[S.Relation, list[tuple]] = {}
+        self.relation = {rel.name: rel for rel in tables}  # rows are grouped by name
         for rel, rows in tables.items():
             if rel in GLOBAL or rel in OUTPUT_RELS:
                 self.global_rows[rel] = list(rows)
@@ -91,6 +95,11 @@ class _Index:
             if rel in VALUE_RELS:
                 for row in rows:
                     self.by_value[row[0]].append((rel.name, row))
+                continue
+            if rel is not S.OP_SIG and rel.name in SIG_COLUMNS:
+                c = rel.column_index(SIG_COLUMNS[rel.name])
+                for row in rows:
+                    self.by_sig[row[c]].append((rel.name, row))
                 continue
             op_cols = [i for i, c in enumerate(rel.columns) if c.type == "OpId"]
             t_cols = [i for i, c in enumerate(rel.columns) if c.type == "TensorId"]
@@ -207,14 +216,16 @@ def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: E
     has_d |= {row[0] for row in tables.get(S.DIST_SPLAT, [])}
     side_s, side_d = _Side(seq, has_s), _Side(dist, has_d)
 
-    known: set[ViewRow] = set()
+    # Insertion-ordered (a dict): the views come out in the order they were derived,
+    # which is deterministic, without sorting a deep run's 10^5 rows by their repr.
+    known: dict[ViewRow, None] = {}
     by_seq: dict[int, set[ViewRow]] = defaultdict(set)
     by_dist: dict[int, set[ViewRow]] = defaultdict(set)
 
     def learn(row: ViewRow) -> bool:
         if row in known:
             return False
-        known.add(row)
+        known[row] = None
         by_seq[row[0]].add(row)
         by_dist[row[1]].add(row)
         side_s.add(row[0])
@@ -353,7 +364,7 @@ def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: E
     plan.memo_hits = memo.hits + sum(b.memo_hits for b in body_plans)
     plan.cache_hits = memo.disk_hits + sum(b.cache_hits for b in body_plans)
     relations = {
-        S.VIEW.name: sorted(known, key=repr),
+        S.VIEW.name: list(known),
         S.OUTPUT_OK.name: _judge_outputs(index, known, main_dl, engine),
         **_frontiers(problem, tables, known),
     }
@@ -442,6 +453,11 @@ def _window_tables(index: _Index, order: list[int], seeds: set[ViewRow]) -> dict
         for name, row in index.by_op.get(x, ()):
             wt[name].append(row)
         tensors.append(x)
+    if index.by_sig:
+        c = S.OP_SIG.column_index(SIG_COLUMNS[S.OP_SIG.name])
+        for sig in dict.fromkeys(row[c] for row in wt.get(S.OP_SIG.name, ())):
+            for name, row in index.by_sig.get(sig, ()):
+                wt[name].append(row)
     for s, d, *_ in seeds:
         for t in (s, d):
             if t not in seen:
@@ -465,10 +481,10 @@ def _window_tables(index: _Index, order: list[int], seeds: set[ViewRow]) -> dict
         for name, row in index.by_value.get(v, ()):
             if name != ratio or row[1] in values:
                 wt[name].append(row)
-    return {S.BY_NAME[name]: rows for name, rows in wt.items()}
+    return {index.relation[name]: rows for name, rows in wt.items()}
 
 
-def _judge_outputs(index: _Index, known: set[ViewRow], main_dl: Path,
+def _judge_outputs(index: _Index, known: Collection[ViewRow], main_dl: Path,
                    engine: EngineName) -> list[tuple]:
     """Output_Ok, from the expected relations and the views of the output pairs."""
     pairs = index.global_rows.get(S.OUTPUT_PAIR, [])
@@ -486,7 +502,7 @@ def _judge_outputs(index: _Index, known: set[ViewRow], main_dl: Path,
     return sorted((b[s], b[d], r) for s, d, r in res.relations[S.OUTPUT_OK.name])
 
 
-def _frontiers(problem: Problem, tables: FactTables, known: set[ViewRow]) -> dict[str, list[tuple]]:
+def _frontiers(problem: Problem, tables: FactTables, known: Collection[ViewRow]) -> dict[str, list[tuple]]:
     """Seq_Frontier and Dist_Frontier of the union of the views, as datalog/verdict.dl
     defines them: ops whose operands are all related (or constants) but whose result is not.
     (Zero, derived per segment, is not carried here: a failing deep run may list an op

@@ -83,6 +83,36 @@ def test_views_are_renamed_back_to_the_windows_own_ids():
                                          (0, 0, 0, 0))]
 
 
+def _sig_zero():
+    """Sig_Zero(g): ops of signature g map zeros to zero (a row about Op_Sig's numbering)."""
+    return S.BY_NAME.get("Sig_Zero") or S.Relation("Sig_Zero", (S.Column("g", "number"),), "")
+
+
+def test_rows_about_a_signature_are_renamed_with_it():
+    """Op_Sig's signatures are renamed; a Sig_Zero row must be renamed alike, or a
+    window whose op has signature 3 and a Sig_Zero row of signature 7 (another op
+    kind) would share the key, and the views, of a window whose op maps zeros to zero."""
+    zero = _sig_zero()
+    order, tables, seeds = _window(100, sig=7)
+    own = canonicalise(order, {**tables, zero: [(7,)]}, seeds)
+    assert {g for (g,) in own.tables[zero]} == {g for _, g in own.tables[S.OP_SIG]}
+    order_b, tables_b, seeds_b = _window(5000, sig=3)
+    other = canonicalise(order_b, {**tables_b, zero: [(7,)]}, seeds_b)
+    assert other.key != own.key
+    assert not {g for (g,) in other.tables[zero]} & {g for _, g in other.tables[S.OP_SIG]}
+    assert canonicalise(order_b, {**tables_b, zero: [(3,)]}, seeds_b).key == own.key
+
+
+def test_rows_about_a_signature_travel_with_the_ops_of_that_signature():
+    from dlverify.segments import _Index, _window_tables
+
+    zero = _sig_zero()
+    order, tables, seeds = _window(100, sig=7)
+    index = _Index({**tables, S.OP_SIG: tables[S.OP_SIG] + [(900, 8)], zero: [(7,), (8,)]})
+    wt = _window_tables(index, order, seeds)
+    assert wt[zero] == [(7,)]  # the window's ops have signature 7 only
+
+
 # ---------------------------------------------------------------- repeated blocks
 
 def test_repeated_blocks_of_a_chain_and_of_a_model():
