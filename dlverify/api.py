@@ -73,10 +73,12 @@ def verify_problem(problem: Problem, engine: EngineName = "auto",
                    patterns: Sequence[Pattern] | None = None) -> Result:
     """Scans summarised by the frontend are verified by induction; a run that is
     not verified that way is verified again with them unrolled (dlverify/induction.py)."""
+    from dlverify.gcpause import gc_paused
     from dlverify.induction import verify_with_induction
 
-    return verify_with_induction(problem, lambda p: _verify_once(
-        p, engine, keep_facts, timings, window, reporter, cache_dir, rules_dir, patterns))
+    with gc_paused():  # (dlverify/gcpause.py: full collections of millions of rows found nothing)
+        return verify_with_induction(problem, lambda p: _verify_once(
+            p, engine, keep_facts, timings, window, reporter, cache_dir, rules_dir, patterns))
 
 
 def _verify_once(problem: Problem, engine: EngineName = "auto",

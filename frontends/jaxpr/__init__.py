@@ -18,6 +18,7 @@ from dlverify.frontends.jaxpr import loops, primitives, scatter, shard_map, sort
 from dlverify.frontends.jaxpr.frames import home_file, prefer_callers
 from dlverify.frontends.jaxpr.shard_map import find_mesh
 from dlverify.frontends.jaxpr.walk import _OWN_FILES, Ctx, _dtype, walk
+from dlverify.gcpause import gc_paused
 from dlverify.ir import Graph, GraphBuilder, IdAllocator, Mesh
 from dlverify.problem import Problem
 from dlverify.relations import spec_entries, spec_relation
@@ -70,7 +71,8 @@ def _trace(fn: Callable, avals: tuple[Any, ...], what: str) -> Any:
     """jax.make_jaxpr, with the user program's own errors (bad specs, shape errors)
     turned into one-line input errors at the user's line."""
     try:
-        return jax.make_jaxpr(fn)(*avals)
+        with gc_paused():  # (dlverify/gcpause.py)
+            return jax.make_jaxpr(fn)(*avals)
     except Exception as e:  # raised by JAX while tracing the user's program
         import traceback
 
@@ -96,7 +98,8 @@ def import_jax(seq_fn: Callable, dist_fn: Callable, args: tuple[Any, ...], name:
     dist_closed = _trace(dist_fn, avals, "dist_fn")
 
     def build(summarise: bool) -> Problem | _Unpaired:
-        problem = _import(seq_closed, dist_closed, name, summarise)
+        with gc_paused():
+            problem = _import(seq_closed, dist_closed, name, summarise)
         if isinstance(problem, Problem):
             prefer_callers(problem.seq, home_file(seq_fn))
             prefer_callers(problem.dist, home_file(dist_fn))
