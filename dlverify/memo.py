@@ -89,6 +89,14 @@ def _other_columns(arity: int, masked: tuple[int, ...]) -> Callable[[list], obje
     return itemgetter(*rest)
 
 
+# A Seed row from (id, s, d, r, red, op, axis, lo, hi, e2, e3, e5, e7), in the
+# relation's column order (what S.seed_row builds, without its per-row checks:
+# segments of a training step carry 10^5 seeds; tests/test_memo.py compares the two).
+_SEED_FIELDS = ("id", "s", "d", "r", "red", "op", "axis", "lo", "hi", "e2", "e3", "e5", "e7")
+assert sorted(_SEED_FIELDS) == sorted(c.name for c in S.SEED.columns), "Seed's columns changed"
+_seed_row = itemgetter(*(_SEED_FIELDS.index(c.name) for c in S.SEED.columns))
+
+
 def offsets_record(offs: tuple[int, ...] | list[int]) -> object:
     rec: object = None
     for o in reversed(offs):
@@ -109,32 +117,37 @@ def canonicalise(order: list[int], tables: dict[S.Relation, list[tuple]],
     """Rename the ids of a segment: `order` lists op and tensor ids in canonical order
     (each op, its operands, its result, ops in program order); seeds become Seed rows."""
     ids = _Namer()
+    name = ids.__getitem__  # (names a new id on a miss: _Namer.__missing__)
     for x in order:
-        ids(x)
+        name(x)
     # Seeds: tensors are named by the ops that read them; tag ops (reductions of
-    # earlier segments) in the order of the renamed seeds.
-    def seed_key(v: ViewRow) -> tuple:
-        s, d, r, o, p, c = v
-        tag = (-1, 0, 0, 0, 0) if p is None else (p[0], -1, p[2], p[3], p[4])
+    # earlier segments) in the order of the renamed seeds. Each seed's offsets,
+    # tag (its op left out) and scale are read once.
+    named = ids.get
+    items = [(v, tuple(record_offsets(v[3])),
+              (-1, 0, 0, 0, 0) if v[4] is None else (v[4][0], -1, v[4][2], v[4][3], v[4][4]),
+              tuple(v[5])) for v in seeds]
+
+    def seed_key(item: tuple) -> tuple:
+        v, offs, tag, c = item
         # a tensor the window does not read is not named yet: key it by its
         # partner and the view alone (never by its own id, which is arbitrary)
-        return (ids.get(s, 0), ids.get(d, 0), r, tuple(record_offsets(o)), tag, tuple(c))
+        return (named(v[0], 0), named(v[1], 0), v[2], offs, tag, c)
 
     # Ties (seeds of tensors not named yet, equal views) go by id, not by a set's
     # order: tuples holding None hash by address, so that order changes between
     # processes and the on-disk cache missed; ids keep their order across equal layers.
-    ordered = sorted(seeds, key=lambda v: (seed_key(v), v[0], v[1]))
-    for s, d, *_ in ordered:  # then name those tensors in that order
-        ids(s)
-        ids(d)
-    ordered = sorted(ordered, key=seed_key)
+    items.sort(key=lambda it: (seed_key(it), it[0][0], it[0][1]))
+    for it in items:  # then name those tensors in that order
+        name(it[0][0])
+        name(it[0][1])
+    items.sort(key=seed_key)
     out: dict[S.Relation, list[tuple]] = {}
     seed_rows, off_rows = [], []
-    for sid, (s, d, r, o, p, c) in enumerate(ordered, start=1):
-        tag = None if p is None else (p[0], ids(p[1]), p[2], p[3], p[4])
-        seed_rows.append(S.seed_row(sid, ids(s), ids(d), r, tag, c))
-        for i, off in enumerate(record_offsets(o)):
-            off_rows.append((sid, i, off))
+    for sid, ((s, d, r, _, p, _), offs, _, c) in enumerate(items, start=1):
+        tag = (-1, 0, 0, 0, 0) if p is None else (p[0], name(p[1]), p[2], p[3], p[4])
+        seed_rows.append(_seed_row((sid, name(s), name(d), r, *tag, *c)))
+        off_rows.extend((sid, i, off) for i, off in enumerate(offs))
     if seed_rows:
         out[S.SEED] = seed_rows
         out[S.SEED_OFF] = off_rows
@@ -161,11 +174,12 @@ def canonicalise(order: list[int], tables: dict[S.Relation, list[tuple]],
         # Name values and signatures in the order of the rows' other columns.
         renamed = [list(rename(row, ids)) for row in rows]
         renamed.sort(key=_other_columns(rel.arity, tuple(masked)))
+        value, sig = values.__getitem__, sigs.__getitem__
         for row in renamed:
             for i in val_cols:
-                row[i] = values(row[i])
+                row[i] = value(row[i])
             for i in sig_cols:
-                row[i] = sigs(row[i])
+                row[i] = sig(row[i])
         out[rel] = sorted(tuple(row) for row in renamed)
     h = hashlib.sha256()
     for rel in sorted(out, key=lambda r: r.name):

@@ -83,6 +83,14 @@ def test_views_are_renamed_back_to_the_windows_own_ids():
                                          (0, 0, 0, 0))]
 
 
+def test_fast_seed_rows_are_schema_seed_rows():
+    from dlverify.memo import _seed_row
+
+    for tag in (None, (0, 41, 2, 0, 64)):
+        t = (-1, 0, 0, 0, 0) if tag is None else tag
+        assert _seed_row((3, 10, 11, 5, *t, 1, 0, -2, 0)) == S.seed_row(3, 10, 11, 5, tag, (1, 0, -2, 0))
+
+
 def _sig_zero():
     """Sig_Zero(g): ops of signature g map zeros to zero (a row about Op_Sig's numbering)."""
     return S.BY_NAME.get("Sig_Zero") or S.Relation("Sig_Zero", (S.Column("g", "number"),), "")

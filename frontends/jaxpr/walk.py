@@ -37,18 +37,28 @@ def _user_frame(code: Any, lasti: int) -> Frame | None:
     return Frame(f.file_name, f.start_line, f.function_name)
 
 
+@lru_cache(maxsize=8192)
+def _user_frames(tb: Any) -> tuple[Frame, ...]:
+    """The user frames of a traceback (tracebacks hash and compare by their frames, so
+    the equations of every layer of a deep model share one entry)."""
+    codes, lastis = tb.raw_frames()
+    return tuple(f for f in map(_user_frame, codes, lastis) if f is not None)
+
+
 def _loc(eqn: Any) -> SourceLoc:
     tb = eqn.source_info.traceback
-    frames: tuple[Frame, ...] = ()
-    if tb is not None:
-        codes, lastis = tb.raw_frames()
-        frames = tuple(f for f in map(_user_frame, codes, lastis) if f is not None)
+    frames = _user_frames(tb) if tb is not None else ()
     name = str(eqn.source_info.name_stack) if eqn.source_info.name_stack else ""
     return SourceLoc(frames, name)
 
 
+@lru_cache(maxsize=256)
+def _dtype_name(dtype: Any) -> str:
+    return str(np.dtype(dtype))
+
+
 def _dtype(aval: Any) -> str:
-    return str(np.dtype(aval.dtype)) if hasattr(aval, "dtype") else "token"
+    return _dtype_name(aval.dtype) if hasattr(aval, "dtype") else "token"
 
 
 @dataclass
