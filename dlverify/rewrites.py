@@ -185,15 +185,27 @@ def _unused(g: Graph) -> set[int]:
 def _drop_newly_dead(g: Graph, unused_before: set[int]) -> None:
     """Remove ops whose output is used no more, except those already unused before
     the rewrite (a rewrite never removes what the program itself left dead)."""
-    while True:
-        now = _uses(g)
-        dead = {op.id for op in g.ops if now[op.output] == 0 and op.output not in unused_before}
-        if not dead:
-            break
+    # One pass with use counts (removing a dead op may leave its producers dead: a
+    # worklist, not a rescan of the graph per removed op).
+    uses = _uses(g)
+    producer = {op.output: op for op in g.ops}
+    dead: set[int] = set()
+    work = [op for op in g.ops if uses[op.output] == 0 and op.output not in unused_before]
+    while work:
+        op = work.pop()
+        if op.id in dead:
+            continue
+        dead.add(op.id)
+        for t in op.inputs:
+            uses[t] -= 1
+            p = producer.get(t)
+            if uses[t] == 0 and t not in unused_before and p is not None:
+                work.append(p)
+    if dead:
         g.ops = [op for op in g.ops if op.id not in dead]
     # (a tensor with no producer that is still read is a scan summary's placeholder,
     # dlverify/induction.py)
-    produced = set(g.inputs) | {op.output for op in g.ops} | set(now)
+    produced = set(g.inputs) | {op.output for op in g.ops} | {t for t, n in uses.items() if n > 0}
     for t in [t for t in g.tensors if t not in produced]:
         del g.tensors[t]
 
