@@ -205,6 +205,7 @@ def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: E
                   seeds_in: set[ViewRow] | None = None) -> SegmentedRun:
     """`seeds_in`: views given besides the input relations (the seeds of a scan
     body's placeholders, dlverify/induction.py)."""
+    t_start = time.perf_counter()  # (the index and the block search included)
     index = _Index(tables)
     seq, dist = problem.seq, problem.dist
     seq_ops, dist_ops = seq.ops, dist.ops
@@ -295,7 +296,6 @@ def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: E
     memo = Memo(main_dl, str(engine), cache_dir)
     ratio = len(seq_ops) / max(1, len(dist_ops))
     per_window: list[float] = []
-    t_start = time.perf_counter()
     floor_s = 0
     while True:
         p = side_d.first_ready()
