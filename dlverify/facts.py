@@ -58,14 +58,16 @@ class Exporter:
     def __init__(self, problem: Problem, seq_fold: Folded, dist_fold: Folded) -> None:
         self.p = problem
         self.folds = {id(problem.seq): seq_fold, id(problem.dist): dist_fold}
-        self.t: FactTables = defaultdict(list)
+        # rows by relation name: a str caches its hash, a Relation hashes all its columns
+        # (0.3 s of the 1.2 s export of the 126-layer 405B forward)
+        self.t: dict[str, list[tuple]] = defaultdict(list)
         self.values = ValueTable()
         self.sigs: dict[tuple, int] = {}
         self.iota_along: dict[int, set[int]] = {}
 
     def add(self, rel: S.Relation, *row: Any) -> None:
         assert len(row) == rel.arity, (rel.name, row)
-        self.t[rel].append(row)
+        self.t[rel.name].append(row)
 
     def sig(self, key: tuple) -> int:
         if key not in self.sigs:
@@ -213,5 +215,5 @@ def export(problem: Problem, seq_fold: Folded, dist_fold: Folded) -> tuple[FactT
     ex.boundary()
     ex.value_facts(seq_fold, dist_fold)
     layout_algebra.export_all(ex, problem.seq, problem.dist, seq_fold, dist_fold)
-    tables = {rel: sorted(set(ex.t.get(rel, []))) for rel in S.INPUTS}
+    tables = {rel: sorted(set(ex.t.get(rel.name, []))) for rel in S.INPUTS}
     return tables, ex.values
