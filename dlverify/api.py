@@ -148,7 +148,8 @@ def _verify_once(problem: Problem, engine: EngineName = "auto",
         assumptions=list(problem.assumptions) + judge.inferred, notes=notes, timings=timings,
         fact_count=sum(len(v) for v in tables.values()),
         derived_count=sum(len(v) for v in res.relations.values()), engine=res.engine,
-        views=judge.views, problem=problem, segment_plan=plan, patterns=matches)
+        views=judge.views, padded_views=judge.padded_views, problem=problem, segment_plan=plan,
+        patterns=matches)
 
 
 def verify_jax(seq_fn: Callable[..., Any], dist_fn: Callable[..., Any], *args: Any,

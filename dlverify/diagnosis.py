@@ -16,8 +16,8 @@ from dlverify.partial_tags import TRANS_BASE, full_size, group_class, is_group_a
 from dlverify.problem import Problem
 from dlverify.rank_flow import rank_ancestors
 from dlverify.relations import BlockRelation
-from dlverify.verdict import (UNIT_SCALE, Failure, ViewFact, fmt_offsets, parse_views, scale_value,
-                              short_path)
+from dlverify.verdict import (UNIT_SCALE, Failure, ViewFact, fmt_offsets, parse_padded_views,
+                              parse_views, scale_value, short_path)
 
 
 def describe_reconstruction(name: str, rel: BlockRelation, ranks: int) -> str:
@@ -52,6 +52,7 @@ class Judge:
     def __init__(self, problem: Problem, relations: dict[str, list[tuple]]) -> None:
         self.p = problem
         self.views = parse_views(relations[S.VIEW.name])
+        self.padded_views = parse_padded_views(relations.get(S.PAD_VIEW.name, []))
         self.by_dist: dict[tuple[int, int], list[ViewFact]] = defaultdict(list)
         self.by_seq_dist: dict[tuple[int, int, int], list[ViewFact]] = defaultdict(list)
         for v in self.views:
@@ -390,9 +391,21 @@ class Judge:
         """What each operand of a distributed op is related to on `rank`."""
         prod = self.dist_prod
         return ["; ".join(self.view_text(v) for v in self.by_dist.get((t, rank), [])[:3])
+                or self.padded_text(t, rank)
                 or ("a constant array equal to no constant of the sequential program"
                     if t in prod and prod[t].kind == "constant" else "no view")
                 for t in op.inputs]
+
+    def padded_text(self, t: int, rank: int) -> str:
+        """A padded block of t on `rank` (datalog/padded.dl), zero padding first."""
+        pads = sorted((v for v in self.padded_views if v.dist == t and v.rank == rank),
+                      key=lambda v: not v.zero_padding)
+        if not pads:
+            return ""
+        v = pads[0]
+        shape = self.p.dist.tensors[t].shape
+        return (f"block {fmt_offsets(v.offsets, shape)} of {self.seq_desc(v.seq)} padded past its "
+                f"end with {'zeros' if v.zero_padding else 'unknown values'}")
 
     def reason(self, op: Op, ranks: tuple[int, ...], live: set[int]) -> tuple[str, str]:
         """The recognised pattern (a FAILURE_KINDS key) and a plain-language reason."""

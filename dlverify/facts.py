@@ -20,7 +20,8 @@ from dlverify import layout_algebra
 from dlverify import schema as S
 from dlverify.errors import InputError
 from dlverify.ir import Graph, Op
-from dlverify.ops import KINDS, data_operands
+from dlverify.ops import KINDS, Family, NotExecutable, data_operands, evaluate
+from dlverify.ops.dtypes import exact_dtype
 from dlverify.ops.export import (  # noqa: F401
     REDUCER_CODE,
     Site,
@@ -64,6 +65,7 @@ class Exporter:
         self.values = ValueTable()
         self.sigs: dict[tuple, int] = {}
         self.iota_along: dict[int, set[int]] = {}
+        self.zero_checked: set[int] = set()
 
     def add(self, rel: S.Relation, *row: Any) -> None:
         assert len(row) == rel.arity, (rel.name, row)
@@ -101,6 +103,26 @@ class Exporter:
                     self.add(S.DIST_SPLAT, t, r, v)
             else:
                 self.add(S.SEQ_SPLAT, t, ids[0])
+        if dist:
+            self.index_arithmetic(g, fold)
+            for t, prefixes in fold.prefix.items():
+                size = g.tensors[t].shape
+                for r, m in enumerate(prefixes):
+                    if m is None:
+                        continue
+                    self.add(S.MASK_PREFIX, t, r, m.dim, m.length, int(m.value))
+                    if m.length in (0, size[m.dim]):   # constant along the dim: both forms
+                        self.add(S.MASK_PREFIX, t, r, m.dim, size[m.dim] - m.length, int(not m.value))
+
+    def index_arithmetic(self, g: Graph, fold: Folded) -> None:
+        """Integer and bool distributed values known before run time on every rank
+        (computed from constants, iotas and the rank: a mask's positions) count as
+        known constants, so a failure is never reported at them."""
+        for op in g.ops:
+            t = g.tensors[op.output]
+            if op.inputs and op.output in fold.small and op.output not in fold.splat \
+                    and exact_dtype(t.dtype) is not None:
+                self.add(S.KNOWN_CONST, op.id)
 
     def op(self, g: Graph, op: Op, fold: Folded, dist: bool) -> None:
         """The op's operand/output rows, the rows of its kind's exporter (the
@@ -110,7 +132,12 @@ class Exporter:
         self.add(S.OP_OUTPUT, op.id, op.output)
         site = Site(g, op, fold, dist, [g.tensors[i].shape for i in op.inputs],
                     g.tensors[op.output].shape)
-        self.add(S.OP_SIG, op.id, self.sig(KINDS[op.kind].export(self, site)))
+        sig = self.sig(KINDS[op.kind].export(self, site))
+        self.add(S.OP_SIG, op.id, sig)
+        if sig not in self.zero_checked and KINDS[op.kind].family is Family.ELEMENTWISE:
+            self.zero_checked.add(sig)
+            if maps_zero_to_zero(g, op):
+                self.add(S.SIG_ZERO, sig)
         moved = data_operands(op.kind, len(op.inputs))
         if moved:
             self.add(S.MOVES_DATA, op.id, moved)
@@ -217,3 +244,23 @@ def export(problem: Problem, seq_fold: Folded, dist_fold: Folded) -> tuple[FactT
     layout_algebra.export_all(ex, problem.seq, problem.dist, seq_fold, dist_fold)
     tables = {rel: sorted(set(ex.t.get(rel.name, []))) for rel in S.INPUTS}
     return tables, ex.values
+
+
+def maps_zero_to_zero(g: Graph, op: Op) -> bool:
+    """Whether the elementwise op gives exactly zero (or false) when every operand is
+    zero: its value at zero by the shared evaluator, so the padded-view rules
+    (datalog/padded.dl) keep zero padding only where the evaluator does."""
+    ins = []
+    for i in op.inputs:
+        name = str(g.tensors[i].dtype)
+        dtype = np.dtype(np.float64) if name.startswith(("float", "bfloat")) else exact_dtype(name)
+        if dtype is None:
+            return False
+        ins.append(np.zeros((), dtype=dtype))
+    try:
+        with np.errstate(all="ignore"):
+            out = evaluate(op.kind, op.params, ins, (), g.tensors[op.output].dtype)
+    except (NotExecutable, ValueError, TypeError):
+        return False
+    out = np.asarray(out)
+    return out.size == 1 and bool(out.reshape(-1)[0] == 0)

@@ -90,6 +90,16 @@ class Predicate:
     sets: tuple[Intervals, ...]
 
 
+@dataclass(frozen=True)
+class MaskPrefix:
+    """On one rank, a bool tensor is `value` at the indices below `length` along
+    `dim` and the opposite at the others, alike along every other dim."""
+
+    dim: int
+    length: int
+    value: bool
+
+
 _CMP: dict[str, Callable[[int], Intervals]] = {   # x <op> k as a set of x
     "lt": lambda k: ((-BIG, k),), "le": lambda k: ((-BIG, k + 1),),
     "gt": lambda k: ((k + 1, BIG),), "ge": lambda k: ((k, BIG),),
@@ -412,3 +422,28 @@ class IndexFacts:
             else:
                 return None
         return out
+
+    def prefix(self, t: int) -> list[MaskPrefix | None] | None:
+        """Per rank, bool t as a prefix along one dim: a comparison of an iota
+        (shifted by a known integer per rank) whose true set inside the dim is
+        [0, n) or [n, size). The mask XLA puts on uneven shards' padding."""
+        pred = self.predicate(t)
+        if pred is None:
+            return None
+        base = self.producer.get(pred.base)
+        if base is None or base.kind != "iota":
+            return None
+        j = pred.dims[base.params["dimension"]]
+        size = self.g.tensors[t].shape[j]
+        out: list[MaskPrefix | None] = []
+        for r in range(self.ranks):
+            inside = intersect(pred.sets[r], ((0, size),))
+            if inside == ():
+                out.append(MaskPrefix(j, 0, True))
+            elif inside[0][0] == 0 and len(inside) == 1:
+                out.append(MaskPrefix(j, inside[0][1], True))
+            elif inside[-1][1] == size and len(inside) == 1:
+                out.append(MaskPrefix(j, inside[0][0], False))
+            else:
+                out.append(None)
+        return out if any(m is not None for m in out) else None

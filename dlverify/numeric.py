@@ -10,7 +10,7 @@ import numpy as np
 from dlverify.interpret import Interpreter
 from dlverify.partial_tags import full_size
 from dlverify.problem import Problem
-from dlverify.verdict import ViewFact, scale_value
+from dlverify.verdict import PaddedViewFact, ViewFact, scale_value
 
 
 def _block(x: np.ndarray, offsets: tuple[int, ...], shape: tuple[int, ...]) -> np.ndarray:
@@ -67,6 +67,20 @@ def view_error(run: Run, problem: Problem, v: ViewFact) -> float:
     return value_error(d, want)
 
 
+def padded_view_error(run: Run, problem: Problem, v: PaddedViewFact) -> float:
+    """Largest error of a padded view on its rank: |d - s| over the part of the block
+    inside s, and |d| over the rest when the padding is said to be zero."""
+    d = np.asarray(run.dist[v.dist][v.rank], dtype=np.float64)
+    s = np.asarray(run.seq[v.seq][0], dtype=np.float64)
+    inside = tuple(slice(0, max(0, min(n, sn - o))) for o, n, sn in zip(v.offsets, d.shape, s.shape))
+    err = value_error(d[inside], _block(s, v.offsets, d.shape))
+    if v.zero_padding:
+        pad = np.ones(d.shape, dtype=bool)
+        pad[inside] = False
+        err = max(err, value_error(d[pad], np.zeros(int(pad.sum()))))
+    return err
+
+
 def value_error(got: np.ndarray, want: np.ndarray) -> float:
     """Largest |got - want|; where both hold the same non-finite value (NaN and NaN,
     inf and inf) the entries agree, and any other NaN is an infinite error (a NaN
@@ -90,12 +104,15 @@ def partial_sum_errors(run: Run, problem: Problem, views: list[ViewFact]) -> lis
     """For every set of ranks whose partial terms of one reduction tile its range,
     the largest |sum of their terms - c * s[block]|."""
     groups: dict[tuple, dict[tuple[int, int], int]] = defaultdict(dict)
+    out = []
     for v in views:
         if v.partial is None or v.partial.reducer != 0:
             continue
         key = (v.seq, v.dist, v.offsets, v.scale, v.partial.op, v.partial.axis)
+        if v.partial.lo == v.partial.hi:   # no terms: the sum is zero
+            out.append((key, value_error(np.asarray(run.dist[v.dist][v.rank], dtype=np.float64), 0.0)))
+            continue
         groups[key].setdefault((v.partial.lo, v.partial.hi), v.rank)
-    out = []
     for key, ranges in groups.items():
         pos, ranks = 0, []
         while True:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dlverify.index_ranges import IndexFacts
+from dlverify.index_ranges import IndexFacts, MaskPrefix
 from dlverify.ir import Graph, Mesh, Op
 from dlverify.ops import KINDS, Family, NotExecutable, data_operands, evaluate, exact_dtype
 
@@ -56,6 +56,7 @@ class Folded:
     ranks: int
     small: dict[int, list[np.ndarray]] = field(default_factory=dict)
     splat: dict[int, list[float]] = field(default_factory=dict)
+    prefix: dict[int, list[MaskPrefix | None]] = field(default_factory=dict)
 
 
 def _value(graph: Graph, op: Op, ins: list[np.ndarray], mesh: Mesh | None, rank: int,
@@ -90,6 +91,19 @@ def _picked_splats(inputs: list[int], splat: dict[int, list[float]], ranks: int)
             return None
         out.append(splat[case][r])
     return out
+
+
+def array_prefix(mask: np.ndarray) -> MaskPrefix | None:
+    """A known bool array as a prefix along one dim (MaskPrefix), when it is one."""
+    for j in range(mask.ndim):
+        cols = np.moveaxis(mask, j, 0).reshape(mask.shape[j], -1)
+        if cols.shape[1] == 0 or not np.all(cols == cols[:, :1]):
+            continue
+        line = cols[:, 0]
+        k = int(np.argmin(line == line[0])) if not np.all(line == line[0]) else len(line)
+        if np.all(line[k:] != line[0]):
+            return MaskPrefix(j, k, bool(line[0]))
+    return None
 
 
 def fold(graph: Graph, mesh: Mesh | None) -> Folded:
@@ -165,4 +179,13 @@ def fold(graph: Graph, mesh: Mesh | None) -> Folded:
         decided = index_facts.visit(op.output)   # in op order: short recursions
         if decided is not None and op.output not in splat:
             splat[op.output] = decided
+        elif decided is None and out.dtype == "bool" and op.output not in splat:
+            prefix = index_facts.prefix(op.output)   # a mask of uneven shards' padding
+            if prefix is not None:
+                res.prefix[op.output] = prefix
+    for t, vals in small.items():
+        if t not in splat and graph.tensors[t].dtype == "bool":
+            prefix = [array_prefix(v) for v in vals]
+            if any(m is not None for m in prefix):
+                res.prefix[t] = prefix
     return res

@@ -122,6 +122,11 @@ ELEM_ADDSUB = _rel("Elem_AddSub", "Op is elementwise add (sign 1) or sub (sign -
                    "both operands.", "op:OpId", "sign:number")
 ELEM_MUL = _rel("Elem_Mul", "Op is elementwise mul (linear in each operand).", "op:OpId")
 ELEM_DIV = _rel("Elem_Div", "Op is elementwise div (linear in its numerator).", "op:OpId")
+SIG_ZERO = _rel("Sig_Zero", "Elementwise ops of signature g map all-zero operands to zero (their "
+                "value at zero, computed by the shared evaluator).", "g:number")
+MASK_PREFIX = _rel("Mask_Prefix", "On rank r, bool distributed tensor t is b (1 true, 0 false) at "
+                   "the indices below n along dim j and the opposite at the others, alike along "
+                   "every other dim.", "t:TensorId", "r:Rank", "j:number", "n:number", "b:number")
 
 # ---------------------------------------------------------------- op params
 BROADCAST = _rel("Broadcast", "Op is broadcast_in_dim.", "op:OpId")
@@ -181,8 +186,9 @@ CONCAT_OFFSET = _rel("Concat_Offset", "Operand `pos` of concatenate starts at `o
 IOTA_DIM = _rel("Iota_Dim", "Op is an iota counting along dim k.", "op:OpId", "k:number")
 MOVES_DATA = _rel("Moves_Data", "Every output element of op is an element of one of its first n "
                   "operands (layout ops that only move elements).", "op:OpId", "n:number")
-KNOWN_CONST = _rel("Known_Const", "Op is a constant whose value is known (written in the program).",
-                   "op:OpId")
+KNOWN_CONST = _rel("Known_Const", "Op is a constant whose value is known (written in the program), "
+                   "or a distributed integer or bool op whose value on every rank is known before "
+                   "run time (index arithmetic on constants, iotas and the rank).", "op:OpId")
 IOTA_ALONG = _rel("Iota_Along", "Sequential tensor s holds its own index along dim k (an iota, or a "
                   "broadcast of one).", "s:TensorId", "k:number")
 DOT = _rel("Dot", "Op is dot_general with n contracting dim pairs.", "op:OpId", "n:number")
@@ -266,6 +272,10 @@ OUTPUT_OFF = _rel("Output_Off", "The expected relation: on rank r, dim i of outp
 VIEW = _rel("View", "On rank r, distributed tensor d equals c times (a term p of) the block of "
             "sequential tensor s at offsets o (the block's sizes are d's shape).",
             "s:TensorId", "d:TensorId", "r:Rank", "o:OffList", "p:Tag", "c:Scale", role="output")
+PAD_VIEW = _rel("Pad_View", "On rank r, element i of distributed tensor d is element o + i of "
+                "sequential tensor s where o + i lies inside s, and zero (z = 1) or unknown (z = 0) "
+                "elsewhere: the block may run past s's end (padded shards, datalog/padded.dl).",
+                "s:TensorId", "d:TensorId", "r:Rank", "o:OffList", "z:number", role="output")
 OUTPUT_OK = _rel("Output_Ok", "On rank r, output d holds exactly the block of s the expected "
                  "relation asks for.", "s:TensorId", "d:TensorId", "r:Rank", role="output")
 SEQ_FRONTIER = _rel("Seq_Frontier", "Sequential op whose operands all have views but whose "
@@ -383,6 +393,10 @@ RULE_FAMILIES: tuple[RuleFamily, ...] = (
     _family(22, "Key_SeqBroadcastOnes", "layout_algebra.dl", "broadcast_in_dim",
             "a sequential-only broadcast of size-1 dims"),
     _family(23, "Key_Pad", "padding.dl", "pad", "pad on both sides"),
+    _family(24, "Key_PadSlice", "padded.dl", "slice dynamic_slice",
+            "a slice of a padded block on the distributed side"),
+    _family(25, "Key_PadReduce", "padded.dl", "reduce_sum", "a sum over zero-padded blocks"),
+    _family(26, "Key_PadDot", "padded.dl", "dot_general", "a dot_general of padded blocks"),
 )
 CONSTANTS: tuple[Constant, ...] = (UNIT, *REDUCER_CONSTANTS, *TAG_CONSTANTS,
                                    *(f.const for f in RULE_FAMILIES))

@@ -56,6 +56,19 @@ class ViewFact:
         return self.partial is None and self.scale == UNIT_SCALE
 
 
+@dataclass(frozen=True)
+class PaddedViewFact:
+    """A derived `Pad_View` row: on rank `rank`, element i of distributed tensor
+    `dist` is element offsets + i of sequential tensor `seq` where that lies
+    inside it; elsewhere (the padding) zero when `zero_padding`, else unknown."""
+
+    seq: int
+    dist: int
+    rank: int
+    offsets: tuple[int, ...]
+    zero_padding: bool
+
+
 @dataclass
 class Failure:
     """Where derivation failed: an op of either program, or an output."""
@@ -130,6 +143,8 @@ class Result:
     # Every derived view (for --explain and the numeric soundness checks);
     # left out of the JSON report.
     views: list[ViewFact] = field(default_factory=list, repr=False)
+    # Every derived padded view (datalog/padded.dl), for the numeric soundness checks.
+    padded_views: list[PaddedViewFact] = field(default_factory=list, repr=False)
     # The two programs, for --explain, --graph and --witness; left out of the JSON report.
     problem: Problem | None = field(default=None, repr=False)
     # How a deep pair was cut into segments and why each pair of windows was made
@@ -195,6 +210,14 @@ def parse_views(rows: Iterable[tuple]) -> list[ViewFact]:
         views.append(ViewFact(row[s_], row[d_], row[r_], _offlist(row[o_]),
                               Partial(*p) if p is not None else None, tuple(row[c_])))
     return views
+
+
+def parse_padded_views(rows: Iterable[tuple]) -> list[PaddedViewFact]:
+    """`Pad_View` rows as PaddedViewFacts."""
+    col = S.PAD_VIEW.column_index
+    s_, d_, r_, o_, z_ = (col(n) for n in ("s", "d", "r", "o", "z"))
+    return [PaddedViewFact(row[s_], row[d_], row[r_], _offlist(row[o_]), bool(row[z_]))
+            for row in rows]
 
 
 # ---------------------------------------------------------------- shared formatting

@@ -21,5 +21,5 @@ def assert_pair_verifies(tmp_path: Path, seq: str, dist: str, outputs: list[str]
     res = verify_texts(tmp_path, seq, dist)
     assert res.verified, [f.message for f in res.failures[:3]]
     assert res.outputs == outputs
-    assert_views_hold(res.problem, res.views, seeds=(0,))
+    assert_views_hold(res.problem, res.views, seeds=(0,), padded=res.padded_views)
     return res

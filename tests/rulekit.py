@@ -13,10 +13,10 @@ import numpy as np
 
 from dlverify.api import verify_problem
 from dlverify.ir import Graph, GraphBuilder, IdAllocator, Mesh
-from dlverify.numeric import partial_sum_errors, run_both, view_error
+from dlverify.numeric import padded_view_error, partial_sum_errors, run_both, view_error
 from dlverify.problem import Problem
 from dlverify.relations import BlockRelation, spec_relation
-from dlverify.verdict import Result, ViewFact
+from dlverify.verdict import PaddedViewFact, Result, ViewFact
 
 
 @dataclass
@@ -75,7 +75,7 @@ class Tiny:
         p = self.problem()
         res = verify_problem(p, engine="clingo")
         if check_numerically:
-            assert_views_hold(p, res.views)
+            assert_views_hold(p, res.views, padded=res.padded_views)
         return Derived(p, res)
 
 
@@ -92,10 +92,16 @@ class Derived:
         return {v.offsets for v in self.views(s, d, rank) if not complete or v.complete}
 
 
-def assert_views_hold(problem: Problem, views: list[ViewFact], seeds: tuple[int, ...] = (0, 1)) -> None:
-    """Every complete view and every tiling set of partial terms holds on random data."""
+def assert_views_hold(problem: Problem, views: list[ViewFact], seeds: tuple[int, ...] = (0, 1),
+                      padded: list[PaddedViewFact] = ()) -> None:
+    """Every complete view, every padded view and every tiling set of partial terms holds
+    on random data."""
     for seed in seeds:
         run = run_both(problem, seed)
+        for pv in padded:
+            err = padded_view_error(run, problem, pv)
+            assert err <= 1e-9 * max(1.0, float(np.max(np.abs(run.dist[pv.dist][pv.rank])))), \
+                f"unsound padded view {pv}: error {err}"
         for v in views:
             if v.partial is None:
                 d = run.dist[v.dist][v.rank]

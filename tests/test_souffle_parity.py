@@ -38,6 +38,7 @@ HLO_PAIRS = [
     ("neuron_wrong_slice", NEURON / "tp1_layer1.hlo", MUT / "tp2_layer1_wrong_slice.hlo", NEURON / "tp2.toml"),
     ("jax_flatten", MUT / "jax_flatten_seq.hlo", MUT / "jax_flatten_dist.hlo", None),
     ("jax_flatten_wrong_gather_dim", MUT / "jax_flatten_seq.hlo", MUT / "jax_flatten_wrong_gather_dim.hlo", None),
+    ("xla_uneven_mlp", DATA / "xla_uneven" / "mlp.before.hlo", DATA / "xla_uneven" / "mlp.after.hlo", None),
 ]
 
 

@@ -1,0 +1,76 @@
+"""Regenerate the XLA dumps of this folder (see README.md).
+
+Run from the project root: `python tests/data/xla_uneven/make_dumps.py`.
+Each program is jitted over 4 CPU host devices with a sharding constraint on a
+dim that 4 does not divide (10 rows, 30 hidden units, a vocabulary of 10), so
+XLA's SPMD partitioner pads the dim to a multiple of 4, gives each device a
+block of ceil(n / 4), and masks the padding where it would change a result.
+The module before optimisations (global shapes) and the module after them (the
+per-device program) are copied here.
+"""
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+DUMP = tempfile.mkdtemp(prefix="dlverify-xla-uneven-")
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                           + f" --xla_force_host_platform_device_count=4 --xla_dump_to={DUMP}")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+MESH = Mesh(jax.devices()[:4], ("x",))
+
+
+def _shard(x, spec):
+    return jax.lax.with_sharding_constraint(x, NamedSharding(MESH, spec))
+
+
+def masked_sum(x):
+    """Rows 10 over 4 devices: tanh per row block, then a sum over the rows."""
+    return jnp.sum(_shard(jnp.tanh(x), P("x", None)), axis=0)
+
+
+def mlp(x, w1, w2):
+    """A hidden layer of 30 units over 4 devices: padded columns, then rows of w2."""
+    h = _shard(jax.nn.gelu(x @ w1), P(None, "x"))
+    return h @ w2
+
+
+def row_scale(x, b):
+    """Rows 10 over 4 devices, scaled and shifted per row, gathered back."""
+    y = _shard(x * 2.0 + b, P("x", None))
+    return _shard(jnp.exp(y), P())
+
+
+def logsumexp(x, w):
+    """A vocabulary of 10 over 4 devices: the max and the sum over padded logits."""
+    logits = _shard(x @ w, P(None, "x"))
+    return jax.nn.logsumexp(logits, axis=-1)
+
+
+def main() -> None:
+    def put(shape):
+        return jax.device_put(jnp.ones(shape, jnp.float32), NamedSharding(MESH, P()))
+    programs = {
+        "masked_sum": (masked_sum, [put((10, 8))]),
+        "mlp": (mlp, [put((8, 16)), put((16, 30)), put((30, 16))]),
+        "row_scale": (row_scale, [put((10, 8)), put((10, 8))]),
+        "logsumexp": (logsumexp, [put((4, 16)), put((16, 10))]),
+    }
+    for name, (fn, args) in programs.items():
+        jax.jit(fn)(*args).block_until_ready()
+        (before,) = Path(DUMP).glob(f"module_*.jit_{name}.before_optimizations.txt")
+        (after,) = Path(DUMP).glob(f"module_*.jit_{name}.cpu_after_optimizations.txt")
+        shutil.copy(before, HERE / f"{name}.before.hlo")
+        shutil.copy(after, HERE / f"{name}.after.hlo")
+    shutil.rmtree(DUMP)
+    print(f"jax {jax.__version__}: wrote {len(programs)} pairs to {HERE}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
