@@ -399,13 +399,13 @@ class Judge:
     def padded_text(self, t: int, rank: int) -> str:
         """A padded block of t on `rank` (datalog/padded.dl), zero padding first."""
         pads = sorted((v for v in self.padded_views if v.dist == t and v.rank == rank),
-                      key=lambda v: not v.zero_padding)
+                      key=lambda v: v.padding is None)
         if not pads:
             return ""
         v = pads[0]
         shape = self.p.dist.tensors[t].shape
         return (f"block {fmt_offsets(v.offsets, shape)} of {self.seq_desc(v.seq)} padded past its "
-                f"end with {'zeros' if v.zero_padding else 'unknown values'}")
+                f"end with {'unknown values' if v.padding is None else v.padding}")
 
     def reason(self, op: Op, ranks: tuple[int, ...], live: set[int]) -> tuple[str, str]:
         """The recognised pattern (a FAILURE_KINDS key) and a plain-language reason."""

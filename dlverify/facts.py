@@ -38,6 +38,7 @@ from dlverify.problem import Problem
 FactTables = dict[S.Relation, list[tuple]]
 
 _INT32 = 2 ** 31
+_IDENTITY_OF = {0.0: "sum", float("-inf"): "max", float("inf"): "min"}
 
 
 @dataclass
@@ -200,6 +201,8 @@ class Exporter:
                    for op in g.ops if op.kind in ("mul", "div")
                    for t in op.inputs for v in fold.splat.get(t, ())}
         for f, vid in list(self.values.ids.items()):
+            if f in _IDENTITY_OF:   # a padding value the reductions ignore (datalog/padded.dl)
+                self.add(S.VALUE_IDENTITY, vid, REDUCER_CODE[_IDENTITY_OF[f]])
             if not np.isfinite(f):
                 continue
             if float(f).is_integer() and abs(f) < _INT32:

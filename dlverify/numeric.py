@@ -69,15 +69,15 @@ def view_error(run: Run, problem: Problem, v: ViewFact) -> float:
 
 def padded_view_error(run: Run, problem: Problem, v: PaddedViewFact) -> float:
     """Largest error of a padded view on its rank: |d - s| over the part of the block
-    inside s, and |d| over the rest when the padding is said to be zero."""
+    inside s, and |d - p| over the rest when the padding is said to be p."""
     d = np.asarray(run.dist[v.dist][v.rank], dtype=np.float64)
     s = np.asarray(run.seq[v.seq][0], dtype=np.float64)
     inside = tuple(slice(0, max(0, min(n, sn - o))) for o, n, sn in zip(v.offsets, d.shape, s.shape))
     err = value_error(d[inside], _block(s, v.offsets, d.shape))
-    if v.zero_padding:
+    if v.padding is not None:
         pad = np.ones(d.shape, dtype=bool)
         pad[inside] = False
-        err = max(err, value_error(d[pad], np.zeros(int(pad.sum()))))
+        err = max(err, value_error(d[pad], np.full(int(pad.sum()), v.padding)))
     return err
 
 

@@ -248,6 +248,8 @@ SEQ_SPLAT = _rel("Seq_Splat", "Sequential tensor t holds the value v in every el
 DIST_SPLAT = _rel("Dist_Splat", "Distributed tensor t holds value v in every element on rank r.",
                   "t:TensorId", "r:Rank", "v:ValueId")
 VALUE_INT = _rel("Value_Int", "Value v is the integer n.", "v:ValueId", "n:number")
+VALUE_IDENTITY = _rel("Value_Identity", "Value v is the identity of reducer `red` (0 of sum, -inf of "
+                      "max, +inf of min).", "v:ValueId", "red:number")
 VALUE_RATIO = _rel("Value_Ratio", "Value a divided by value b is 2^e2 3^e3 5^e5 7^e7.",
                    "a:ValueId", "b:ValueId", "e2:number", "e3:number", "e5:number", "e7:number")
 VALUE_EXP = _rel("Value_Exp", "Value v is the positive rational 2^e2 3^e3 5^e5 7^e7.",
@@ -273,8 +275,9 @@ VIEW = _rel("View", "On rank r, distributed tensor d equals c times (a term p of
             "sequential tensor s at offsets o (the block's sizes are d's shape).",
             "s:TensorId", "d:TensorId", "r:Rank", "o:OffList", "p:Tag", "c:Scale", role="output")
 PAD_VIEW = _rel("Pad_View", "On rank r, element i of distributed tensor d is element o + i of "
-                "sequential tensor s where o + i lies inside s, and zero (z = 1) or unknown (z = 0) "
-                "elsewhere: the block may run past s's end (padded shards, datalog/padded.dl).",
+                "sequential tensor s where o + i lies inside s, and elsewhere unknown (z = 0) or the "
+                "identity of reducer z - 1 (z = 1: zero, 2: -inf, 3: +inf): the block may run past "
+                "s's end (padded shards, datalog/padded.dl).",
                 "s:TensorId", "d:TensorId", "r:Rank", "o:OffList", "z:number", role="output")
 OUTPUT_OK = _rel("Output_Ok", "On rank r, output d holds exactly the block of s the expected "
                  "relation asks for.", "s:TensorId", "d:TensorId", "r:Rank", role="output")

@@ -60,13 +60,14 @@ class ViewFact:
 class PaddedViewFact:
     """A derived `Pad_View` row: on rank `rank`, element i of distributed tensor
     `dist` is element offsets + i of sequential tensor `seq` where that lies
-    inside it; elsewhere (the padding) zero when `zero_padding`, else unknown."""
+    inside it; elsewhere (the padding) `padding` (0, -inf or +inf), or unknown
+    when it is None."""
 
     seq: int
     dist: int
     rank: int
     offsets: tuple[int, ...]
-    zero_padding: bool
+    padding: float | None
 
 
 @dataclass
@@ -216,8 +217,13 @@ def parse_padded_views(rows: Iterable[tuple]) -> list[PaddedViewFact]:
     """`Pad_View` rows as PaddedViewFacts."""
     col = S.PAD_VIEW.column_index
     s_, d_, r_, o_, z_ = (col(n) for n in ("s", "d", "r", "o", "z"))
-    return [PaddedViewFact(row[s_], row[d_], row[r_], _offlist(row[o_]), bool(row[z_]))
+    return [PaddedViewFact(row[s_], row[d_], row[r_], _offlist(row[o_]), PADDING_VALUE.get(row[z_]))
             for row in rows]
+
+
+# Pad_View's z: 0 unknown, else 1 + the code of the reducer whose identity pads.
+PADDING_VALUE = {1 + S.REDUCER_SUM: 0.0, 1 + S.REDUCER_MAX: float("-inf"),
+                 1 + S.REDUCER_MIN: float("inf")}
 
 
 # ---------------------------------------------------------------- shared formatting

@@ -13,7 +13,7 @@ from dlverify.hlo_api import verify_hlo
 DATA = Path(__file__).resolve().parent / "data" / "xla_uneven"
 
 
-@pytest.mark.parametrize("name", ["masked_sum", "mlp", "row_scale"])
+@pytest.mark.parametrize("name", ["masked_sum", "mlp", "row_scale", "logsumexp"])
 def test_an_uneven_sharding_verifies(name):
     res = verify_hlo(DATA / f"{name}.before.hlo", DATA / f"{name}.after.hlo")
     assert res.verified, [f.message for f in res.failures[:3]]
@@ -31,6 +31,8 @@ TWINS = [
      "w2's row blocks start at 7 r, h's columns at 8 r"),
     ("row_scale", "slice={[0:10], [0:8]}", "slice={[2:12], [0:8]}",
      "the gathered rows are sliced from row 2, two of them padding"),
+    ("logsumexp", "%constant.19 = s32[] constant(10)", "%constant.19 = s32[] constant(9)",
+     "the sum of exponentials drops the last word of the vocabulary"),
 ]
 
 

@@ -175,3 +175,30 @@ def _gathered(start: int):
 def test_gathered_padded_blocks_sliced_back_verify():
     assert _gathered(0).verified
     assert not _gathered(2).verified
+
+
+def _row_max(fill: float, masked: bool = True):
+    """max over the rows of x, split unevenly: the padding masked to `fill` before the
+    local max, then a max all-reduce."""
+    t = _tiny()
+    xs, xd = t.input((10, 8))
+    blk, start = _block(t, xd, 10, 8, 4)
+    yd = blk
+    if masked:
+        yd = t.dop("select_n", [_valid_mask(t, start, 3, 8, 10), t.dconst(fill, (3, 8)), blk], (3, 8))
+    ss = t.sop("reduce_max", [xs], (8,), axes=(0,))
+    sd = t.dop("reduce_max", [yd], (8,), axes=(0,))
+    t.output(ss, t.dop("all_reduce", [sd], (8,), reducer="max", groups=[[0, 1, 2, 3]]))
+    return t.run()
+
+
+def test_a_max_over_padding_masked_to_minus_infinity_verifies():
+    out = _row_max(float("-inf"))
+    assert out.result.verified, [f.message for f in out.result.failures]
+    assert any(v.padding == float("-inf") for v in out.result.padded_views)
+
+
+def test_a_max_over_padding_that_is_not_minus_infinity_does_not_verify():
+    # zero padding: the max of a column of negative numbers would be 0
+    assert not _row_max(0.0).result.verified
+    assert not _row_max(0.0, masked=False).result.verified
