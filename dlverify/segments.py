@@ -57,7 +57,6 @@ GLOBAL = frozenset({S.RANK_COUNT})
 # Judged once after the last segment (see `_judge_outputs`).
 OUTPUT_RELS = frozenset({S.OUTPUT_PAIR, S.OUTPUT_OFF})
 SEEDS = frozenset({S.SEED, S.SEED_OFF})
-VALUE_RELS = frozenset({S.VALUE_INT, S.VALUE_EXP, S.VALUE_RATIO})
 SEQ_SLACK = 1.5  # sequential ops per distributed op, times the programs' ratio, off the blocks
 
 ViewRow = tuple  # (s, d, r, offsets-record, tag-record | None, scale-record), as the engine returns it
@@ -92,10 +91,6 @@ class _Index:
                 continue
             if rel in SEEDS:
                 continue
-            if rel in VALUE_RELS:
-                for row in rows:
-                    self.by_value[row[0]].append((rel.name, row))
-                continue
             if rel is not S.OP_SIG and rel.name in SIG_COLUMNS:
                 c = rel.column_index(SIG_COLUMNS[rel.name])
                 for row in rows:
@@ -103,6 +98,12 @@ class _Index:
                 continue
             op_cols = [i for i, c in enumerate(rel.columns) if c.type == "OpId"]
             t_cols = [i for i, c in enumerate(rel.columns) if c.type == "TensorId"]
+            if not op_cols and not t_cols and rel.columns[0].type == "ValueId":
+                # about an interned value (Value_Int, Value_Ratio, ...): travels with
+                # the splat rows naming it (_window_tables)
+                for row in rows:
+                    self.by_value[row[0]].append((rel.name, row))
+                continue
             assert op_cols or t_cols, f"{rel.name}: no column to place its rows by"
             if rel is S.CONTRACT_SIZE:
                 for row in rows:

@@ -121,6 +121,19 @@ def test_rows_about_a_signature_travel_with_the_ops_of_that_signature():
     assert wt[zero] == [(7,)]  # the window's ops have signature 7 only
 
 
+def test_rows_about_a_value_travel_with_the_tensors_holding_it():
+    """Any relation about an interned value (its first column a ValueId, no op or
+    tensor column) is placed by that value, not only the ones known when written."""
+    from dlverify.segments import _Index, _window_tables
+
+    about = S.BY_NAME.get("Value_Identity") or S.Relation(
+        "Value_Identity", (S.Column("v", "ValueId"), S.Column("red", "number")), "")
+    order, tables, seeds = _window(100, sig=7)
+    tables = {**tables, S.SEQ_SPLAT: [(101, 1), (900, 2)], about: [(1, 0), (2, 0)]}
+    wt = _window_tables(_Index(tables), order, seeds)
+    assert wt[about] == [(1, 0)]  # the window's tensor 101 holds value 1 only
+
+
 # ---------------------------------------------------------------- repeated blocks
 
 def test_repeated_blocks_of_a_chain_and_of_a_model():
