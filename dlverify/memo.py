@@ -24,6 +24,7 @@ import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import metadata
+from itertools import repeat
 from operator import itemgetter
 from pathlib import Path
 from typing import Callable
@@ -168,11 +169,10 @@ def canonicalise(order: list[int], tables: dict[S.Relation, list[tuple]],
         if not masked:
             # Rows of tensors that only seeds name (not read by the window) arrive
             # in no canonical order: sort every relation.
-            renamed_rows = [rename(row, ids) for row in rows]
-            out[rel] = sorted(renamed_rows)
+            out[rel] = sorted(map(rename, rows, repeat(ids)))
             continue
         # Name values and signatures in the order of the rows' other columns.
-        renamed = [list(rename(row, ids)) for row in rows]
+        renamed = list(map(list, map(rename, rows, repeat(ids))))
         renamed.sort(key=_other_columns(rel.arity, tuple(masked)))
         value, sig = values.__getitem__, sigs.__getitem__
         for row in renamed:
