@@ -93,6 +93,19 @@ def even_split_dim(seq_shape: Sequence[int], dist_shape: Sequence[int], ranks: i
     return None
 
 
+def padded_split_dim(seq_shape: Sequence[int], dist_shape: Sequence[int], ranks: int) -> int | None:
+    """The one dim along which `dist_shape` holds blocks of ceil(n / ranks) of a
+    `seq_shape` dim of n that `ranks` does not divide (every other dim equal), else
+    None: a padded split, the last blocks running past the end."""
+    if len(seq_shape) != len(dist_shape):
+        return None
+    diff = [i for i, (a, b) in enumerate(zip(seq_shape, dist_shape)) if a != b]
+    if len(diff) == 1 and seq_shape[diff[0]] % ranks \
+            and dist_shape[diff[0]] == -(-seq_shape[diff[0]] // ranks):
+        return diff[0]
+    return None
+
+
 def split_dim_of(rel: BlockRelation, ranks: int) -> int | None:
     """The dim `rel` splits evenly over `ranks` in rank order, else None."""
     d = even_split_dim(rel.seq_shape, rel.dist_shape, ranks)

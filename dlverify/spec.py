@@ -75,6 +75,7 @@ class ParamSpec:
     segments: tuple[int, ...] | None = None
     line: int = 0
     dist: int | None = None
+    pad: str | None = None                     # a padded split: "zero" | "any" (PAD_FORMS)
 
     def describe(self) -> str:
         """The entry in messages: the bare kind, or the TOML table of a split."""
@@ -86,7 +87,8 @@ class ParamSpec:
         if self.kind in ("replicated", "rank0_only"):
             return f"{{ {self.kind} = true{dist} }}" if dist else f'"{self.kind}"'
         seg = f", segments = {list(self.segments)}" if self.segments else ""
-        return f"{{ split = {self.dim}{seg}{dist} }}"
+        pad = f', pad = "{self.pad}"' if self.pad else ""
+        return f"{{ split = {self.dim}{seg}{pad}{dist} }}"
 
 
 @dataclass(frozen=True)
@@ -219,8 +221,12 @@ def parse_spec(text: str, file: str) -> Spec:
     return spec
 
 
-_PARAM_FORMS = ('"replicated", "rank0_only", { split = DIM } (optionally with segments = [...]) '
-                'or { replicated = true }, each table optionally with dist = J')
+_PARAM_FORMS = ('"replicated", "rank0_only", { split = DIM } (optionally with segments = [...] '
+                'or pad = "zero" | "any") or { replicated = true }, each table optionally with '
+                'dist = J')
+# A padded split: blocks of ceil(n / ranks), the last ones padded past the end with
+# zeros, or with values nothing is known of.
+PAD_FORMS = ("zero", "any")
 
 
 def _param_entry(entry: _Entry, file: str) -> ParamSpec:
@@ -241,7 +247,7 @@ def _param_entry(entry: _Entry, file: str) -> ParamSpec:
                 raise InputError(f"parameter {n}: {kind} must be true, got {body[kind]!r}",
                                  file, line)
             return ParamSpec(kind, line=line, dist=dist)
-    extra = set(body) - {"split", "segments"}
+    extra = set(body) - {"split", "segments", "pad"}
     if extra or "split" not in body:
         raise InputError(f"parameter {n}: expected {_PARAM_FORMS}, got keys {sorted(val)}",
                          file, line)
@@ -255,7 +261,11 @@ def _param_entry(entry: _Entry, file: str) -> ParamSpec:
             raise InputError(f"parameter {n}: segments must be a list of positive sizes, "
                              f"got {segs!r}", file, line)
         segs = tuple(segs)
-    return ParamSpec("split", dim, segs, line, dist)
+    pad = body.get("pad")
+    if pad is not None and (pad not in PAD_FORMS or segs is not None):
+        raise InputError(f"parameter {n}: pad must be \"zero\" or \"any\", and not given with "
+                         f"segments, got {pad!r}", file, line)
+    return ParamSpec("split", dim, segs, line, dist, pad)
 
 
 def _dist_only_entry(entry: _Entry, file: str) -> DistOnlySpec:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from rulekit import assert_views_hold
 
+from dlverify.errors import InputError
 from dlverify.hlo_api import verify_hlo
 
 DATA = Path(__file__).resolve().parent / "data" / "xla_uneven"
@@ -46,3 +47,51 @@ def test_an_uneven_twin_does_not_verify(tmp_path, name, old, new, why):
     assert not res.verified, why
     assert any(f.file.endswith(f"{name}.after.hlo") and f.line > 0 for f in res.failures), \
         [(f.file, f.line, f.message) for f in res.failures]
+
+
+# ---------------------------------------------------------------- padded splits in a spec
+
+SEQ, DIST = DATA / "padded_mlp.seq.hlo", DATA / "padded_mlp.dist.hlo"
+
+
+def _spec(tmp_path, pad1: str, pad2: str) -> Path:
+    path = tmp_path / "spec.toml"
+    path.write_text(f'ranks = 4\n[params]\n0 = "replicated"\n1 = {{ split = 1, pad = "{pad1}" }}\n'
+                    f'2 = {{ split = 0, pad = "{pad2}" }}\n')
+    return path
+
+
+def test_weights_stored_padded_with_zeros_verify_under_a_padded_spec():
+    res = verify_hlo(SEQ, DIST, DATA / "padded_mlp.toml")
+    assert res.verified, [f.message for f in res.failures[:3]]
+    assert_views_hold(res.problem, res.views, seeds=(0, 1), padded=res.padded_views)
+
+
+def test_padding_of_unknown_values_needs_one_zero_operand(tmp_path):
+    # w1's zero columns give gelu(x @ 0) = 0 hidden units: w2's padding rows meet zeros
+    assert verify_hlo(SEQ, DIST, _spec(tmp_path, "zero", "any")).verified
+    # unknown padding in both: the padded hidden units times the padded rows is unknown
+    res = verify_hlo(SEQ, DIST, _spec(tmp_path, "any", "any"))
+    assert not res.verified
+    assert res.failures[0].line == 42 and res.failures[0].file.endswith("padded_mlp.dist.hlo")
+
+
+def test_a_padded_split_is_inferred_from_the_shapes_with_unknown_padding():
+    res = verify_hlo(SEQ, DIST)
+    assert not res.verified   # nothing says the padding is zero
+    assert sum("the last padded past the end with values nothing is known of" in a
+               for a in res.assumptions) == 2
+
+
+@pytest.mark.parametrize("entry,message", [
+    ('{ split = 1, pad = "ones" }', 'pad must be "zero" or "any"'),
+    ('{ split = 1, pad = "zero", segments = [15, 15] }', 'pad must be "zero" or "any"'),
+    ('{ split = 0, pad = "zero" }', "gives local shape"),
+    ("{ split = 1 }", "does not split evenly over 4 ranks (a padded split"),
+])
+def test_a_bad_padded_entry_is_an_error_naming_the_spec_line(tmp_path, entry, message):
+    path = tmp_path / "spec.toml"
+    path.write_text(f'ranks = 4\n[params]\n0 = "replicated"\n1 = {entry}\n')
+    with pytest.raises(InputError, match=message.replace("(", r"\(").replace("[", r"\[")) as e:
+        verify_hlo(SEQ, DIST, path)
+    assert e.value.line == 4

@@ -15,7 +15,7 @@ from dlverify.spec import parse_spec
 
 DATA = Path(__file__).resolve().parent / "data"
 SCHEMA = json.loads(resources.files("dlverify").joinpath("schemas", "spec.schema.json").read_text())
-SHIPPED = sorted(p for d in ("neuron_llama", "torch_xla") for p in (DATA / d).glob("*.toml"))
+SHIPPED = sorted(p for d in ("neuron_llama", "torch_xla", "xla_uneven") for p in (DATA / d).glob("*.toml"))
 HOSTILE = sorted((DATA / "hostile" / "specs").glob("*.toml"))
 
 

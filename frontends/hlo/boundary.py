@@ -8,6 +8,10 @@ trusted:
   segment, in both graphs (each pair of segments then an even split);
 * `rank0_only`: the distributed parameter is `select(rank == 0, b, 0)` of a
   replicated input b (rank 0 holds the value, every other rank zeros);
+* a padded split: the distributed parameter is `dynamic_slice(pad(b, 0),
+  rank * k)` of a replicated input b, as XLA's partitioner writes it, or with
+  padding of unknown values `dynamic_slice(concatenate(b, junk), rank * k)`,
+  junk being each rank's block of a fresh input no other op reads;
 * a rank-id parameter: the distributed parameter is the rank (`axis_index`);
 * a scalar stated by value: the distributed parameter is that constant;
 * an output that is the sum (mean) of the ranks' outputs: an all-reduce (and a
@@ -121,3 +125,37 @@ def reduce_output(graph: Graph, ids: IdAllocator, pos: int, ranks: int, mean: bo
 
 __all__ = ["segment_input", "reduce_output", "rank0_only_input", "rank_id_value", "constant_value",
            "opaque_value"]
+
+
+def padded_split_input(graph: Graph, ids: IdAllocator, tensor: int, dim: int, full: int,
+                       ranks: int, junk: int | None, name: str, loc: SourceLoc) -> int:
+    """Make `tensor` (an input of the distributed graph, `k` along `dim`) rank r's
+    block `[r k, r k + k)` of a fresh replicated input b (`full` along `dim`) padded
+    past its end to `ranks * k`: with zeros when `junk` is None, else with the
+    tensor `junk` (a fresh input of the padding's shape). b takes the input's place;
+    returns b."""
+    t = graph.tensors[tensor]
+    k = t.shape[dim]
+    b = _builder(graph, ids)
+    shape = t.shape[:dim] + (full,) + t.shape[dim + 1:]
+    padded_shape = t.shape[:dim] + (ranks * k,) + t.shape[dim + 1:]
+    held = b.tensor(shape, t.dtype, f"{name}.full")
+    if junk is None:
+        zero = b.op("constant", [], (), t.dtype, {"value": np.zeros((), dtype=np_dtype(t.dtype))},
+                    loc, f"{name}.zero")
+        cfg = tuple((0, ranks * k - full if i == dim else 0, 0) for i in range(len(shape)))
+        padded = b.op("pad", [held, zero], padded_shape, t.dtype, {"padding_config": cfg}, loc,
+                      f"{name}.padded")
+    else:
+        padded = b.op("concatenate", [held, junk], padded_shape, t.dtype, {"dimension": dim}, loc,
+                      f"{name}.padded")
+    rank = b.op("axis_index", [], (), "int32", {"axis": FLAT_AXIS}, loc, f"{name}.rank")
+    size = b.op("constant", [], (), "int32", {"value": np.int32(k)}, loc, f"{name}.block")
+    start = b.op("mul", [rank, size], (), "int32", {}, loc, f"{name}.start")
+    zero_i = b.op("constant", [], (), "int32", {"value": np.int32(0)}, loc, f"{name}.zero_start")
+    starts = [start if i == dim else zero_i for i in range(len(shape))]
+    b.op("dynamic_slice", [padded, *starts], t.shape, t.dtype, {"slice_sizes": t.shape}, loc, name,
+         output=tensor)
+    graph.ops[0:0] = b.graph.ops
+    graph.inputs[graph.inputs.index(tensor)] = held
+    return held

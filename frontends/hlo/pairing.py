@@ -32,6 +32,7 @@ import numpy as np
 from dlverify.frontends.hlo.boundary import (
     constant_value,
     opaque_value,
+    padded_split_input,
     rank0_only_input,
     rank_id_value,
     reduce_output,
@@ -55,6 +56,7 @@ from dlverify.problem import Problem
 from dlverify.relations import (
     BlockRelation,
     even_split_dim,
+    padded_split_dim,
     replicated,
     split_dim_of,
     split_relation,
@@ -223,6 +225,7 @@ class _Decision:
     segment_dim: int | None = None
     segments: tuple[int, ...] | None = None
     rank0_only: bool = False
+    pad: str | None = None   # a padded split of `segment_dim`: "zero" or "any" (spec.PAD_FORMS)
     evidence: str = ""     # why, when neither the spec nor the caller stated it
 
 
@@ -241,9 +244,16 @@ def _unspecified(pair: ParamPair, n: int, policy: ParamPolicy,
                                f"annotation sharding={sh}")
         return _Decision(rel, evidence=f"from its sharding annotation sharding={sh}")
     if policy.infer_from_shapes:
-        rel, why = _infer(a.number, b.name, a.shape, b.shape, n, dist_file, b.line)
         head = (f"parameter {a.number} ({b.name}, sequential {_shape_str(a.shape, a.dtype)}, "
                 f"distributed {_shape_str(b.shape, b.dtype)})")
+        padded = padded_split_dim(a.shape, b.shape, n)
+        if padded is not None:
+            why = (f"split along dim {padded} in blocks of {b.shape[padded]} over {n} ranks, rank "
+                   f"order, the last padded past the end with values nothing is known of "
+                   f"(inferred from the shapes)")
+            assumptions.append(f"{head}: {why}")
+            return _Decision(None, padded, pad="any", evidence=why)
+        rel, why = _infer(a.number, b.name, a.shape, b.shape, n, dist_file, b.line)
         split = even_split_dim(a.shape, b.shape, n)
         segs = None if split is None else infer_segments(finders[0], a.tensor, finders[1],
                                                          b.tensor, split, n)
@@ -269,6 +279,8 @@ def _record(pair: ParamPair, dec: _Decision, n: int) -> ParamRecord:
     why = "; ".join(x for x in (dec.evidence, pair.evidence and f"paired: {pair.evidence}") if x)
     if dec.rank0_only:
         entry: ParamSpec | None = ParamSpec("rank0_only", dist=dist)
+    elif dec.pad is not None:
+        entry = ParamSpec("split", dec.segment_dim, dist=dist, pad=dec.pad)
     elif dec.segments is not None:
         entry = ParamSpec("split", dec.segment_dim, dec.segments, dist=dist)
     else:
@@ -312,14 +324,53 @@ def _spec_decision(pair: ParamPair, ps: ParamSpec, n: int, spec_file: str) -> _D
                              f"distributed module declares {_shape_str(b.shape)}",
                              spec_file, ps.line)
         return _Decision(None, d, ps.segments)
+    if ps.pad is not None and a.shape[d] % n:
+        local = a.shape[:d] + (-(-a.shape[d] // n),) + a.shape[d + 1:]
+        if local != b.shape:
+            raise InputError(f"{where} gives local shape {_shape_str(local)}, but the "
+                             f"distributed module declares {_shape_str(b.shape)}",
+                             spec_file, ps.line)
+        return _Decision(None, d, pad=ps.pad)
     if a.shape[d] % n:
         raise InputError(f"{where}: dim {d} of size {a.shape[d]} does not split evenly over "
-                         f"{n} ranks", spec_file, ps.line)
+                         f"{n} ranks (a padded split: pad = \"zero\" or \"any\")", spec_file,
+                         ps.line)
     rel = split_relation(a.shape, d, n)
     if rel.dist_shape != b.shape:
         raise InputError(f"{where} gives local shape {_shape_str(rel.dist_shape)}, but the "
                          f"distributed module declares {_shape_str(b.shape)}", spec_file, ps.line)
     return _Decision(rel)
+
+
+def _padded_inputs(seq: Graph, dist: Graph, ids: IdAllocator, a: HloParam, b: HloParam,
+                   dec: _Decision, n: int, label: str, loc: SourceLoc) -> list[BlockRelation]:
+    """A padded split written as ops (boundary.padded_split_input): the distributed
+    parameter becomes rank r's block of a replicated input padded past its end; with
+    padding of unknown values (pad "any"), the padding is each rank's block of a fresh
+    input pair no other op reads, put right after it in both graphs. The relations of
+    the new inputs."""
+    d = dec.segment_dim
+    assert d is not None
+    k = b.shape[d]
+    junk_len = n * k - a.shape[d]
+    junk = None
+    rels = [replicated(a.shape, n)]
+    if dec.pad == "any":
+        junk_seq_shape = a.shape[:d] + (n * junk_len,) + a.shape[d + 1:]
+        junk_dist_shape = a.shape[:d] + (junk_len,) + a.shape[d + 1:]
+        junk_s = Tensor(ids(), junk_seq_shape, a.dtype, f"{label}.padding")
+        junk = Tensor(ids(), junk_dist_shape, a.dtype, f"{label}.padding")
+        seq.tensors[junk_s.id], dist.tensors[junk.id] = junk_s, junk
+        rels.append(split_relation(junk_seq_shape, d, n))
+    pos = dist.inputs.index(b.tensor)
+    padded_split_input(dist, ids, b.tensor, d, a.shape[d], n,
+                       None if junk is None else junk.id, label, loc)
+    if junk is not None:
+        seq.inputs.insert(seq.inputs.index(a.tensor) + 1, junk_s.id)
+        dist.inputs.insert(pos + 1, junk.id)
+        for names in (seq.input_names, dist.input_names):
+            names.insert(pos + 1, f"{label}.padding")
+    return rels
 
 
 def _dist_only_values(dist: Graph, ids: IdAllocator, dp: list[HloParam], spec: Spec | None,
@@ -458,6 +509,9 @@ def pair_modules(seq_mod: HloModule, dist_mod: HloModule, ids: IdAllocator, *,
         if dec.rank0_only:
             rank0_only_input(dist, ids, b.tensor, label, dist_loc)
             per_pos[pos] = [replicated(a.shape, n)]
+            continue
+        if dec.pad is not None:
+            per_pos[pos] = _padded_inputs(seq, dist, ids, a, b, dec, n, label, dist_loc)
             continue
         d, sizes = dec.segment_dim, dec.segments
         assert d is not None and sizes is not None

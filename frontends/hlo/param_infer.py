@@ -33,7 +33,7 @@ from scipy.optimize import linear_sum_assignment
 
 from dlverify.ir import Graph, Op
 from dlverify.ops.table import KINDS, Family
-from dlverify.relations import even_split_dim
+from dlverify.relations import even_split_dim, padded_split_dim
 from dlverify.rewrites import _dot_out_dim
 
 
@@ -76,8 +76,10 @@ def ranks_from_collectives(mod: HloModule) -> RankCount | None:
 
 def shapes_compatible(seq: tuple[int, ...], dist: tuple[int, ...], n: int) -> bool:
     """Whether some relation the shapes can state links the two: equal shapes
-    (replicated), or one dim of the sequential shape divided by `n`."""
-    return seq == dist or even_split_dim(seq, dist, n) is not None
+    (replicated), or one dim of the sequential shape divided by `n`, evenly or in
+    padded blocks."""
+    return (seq == dist or even_split_dim(seq, dist, n) is not None
+            or padded_split_dim(seq, dist, n) is not None)
 
 
 def use_signatures(g: Graph, tensors: list[int]) -> dict[int, tuple[tuple[str, int], ...]]:

@@ -396,6 +396,9 @@ def specs() -> None:
         "dist_string": '0 = { split = 0, dist = "0" }',
         "rank0_false": "0 = { rank0_only = false }",
         "rank0_of_a_split": '0 = "rank0_only"',
+        "pad_unknown": '0 = { split = 0, pad = "ones" }',
+        "pad_bool": "0 = { split = 0, pad = true }",
+        "pad_with_segments": '0 = { split = 0, segments = [4, 4], pad = "zero" }',
         "params_array": None,
     }
     for name, line in bad_params.items():

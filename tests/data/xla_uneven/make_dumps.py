@@ -53,6 +53,20 @@ def logsumexp(x, w):
     return jax.nn.logsumexp(logits, axis=-1)
 
 
+def padded_mlp_seq(x, w1, w2):
+    """The sequential MLP of 30 hidden units."""
+    return jax.nn.gelu(x @ w1) @ w2
+
+
+def padded_mlp_dist(x, w1p, w2p):
+    """The same MLP over 4 devices with weights stored padded to 32 hidden units
+    (zero columns of w1, zero rows of w2), as transformers-neuronx pads heads."""
+    def local(x, w1, w2):
+        return jax.lax.psum(jax.nn.gelu(x @ w1) @ w2, "x")
+    return jax.shard_map(local, mesh=MESH, in_specs=(P(), P(None, "x"), P("x", None)),
+                         out_specs=P())(x, w1p, w2p)
+
+
 def main() -> None:
     def put(shape):
         return jax.device_put(jnp.ones(shape, jnp.float32), NamedSharding(MESH, P()))
@@ -68,8 +82,19 @@ def main() -> None:
         (after,) = Path(DUMP).glob(f"module_*.jit_{name}.cpu_after_optimizations.txt")
         shutil.copy(before, HERE / f"{name}.before.hlo")
         shutil.copy(after, HERE / f"{name}.after.hlo")
+    # A pair of two programs: the sequential one before optimisations, the
+    # hand-partitioned one (stored padded weights) after them.
+    jax.jit(padded_mlp_seq)(put((8, 16)), put((16, 30)), put((30, 16))).block_until_ready()
+    def shard(shape, spec):
+        return jax.device_put(jnp.ones(shape, jnp.float32), NamedSharding(MESH, spec))
+    jax.jit(padded_mlp_dist)(put((8, 16)), shard((16, 32), P(None, "x")),
+                             shard((32, 16), P("x", None))).block_until_ready()
+    (before,) = Path(DUMP).glob("module_*.jit_padded_mlp_seq.before_optimizations.txt")
+    (after,) = Path(DUMP).glob("module_*.jit_padded_mlp_dist.cpu_after_optimizations.txt")
+    shutil.copy(before, HERE / "padded_mlp.seq.hlo")
+    shutil.copy(after, HERE / "padded_mlp.dist.hlo")
     shutil.rmtree(DUMP)
-    print(f"jax {jax.__version__}: wrote {len(programs)} pairs to {HERE}", file=sys.stderr)
+    print(f"jax {jax.__version__}: wrote {len(programs) + 1} pairs to {HERE}", file=sys.stderr)
 
 
 if __name__ == "__main__":
