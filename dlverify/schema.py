@@ -400,6 +400,8 @@ RULE_FAMILIES: tuple[RuleFamily, ...] = (
             "a slice of a padded block on the distributed side"),
     _family(25, "Key_PadReduce", "padded.dl", "reduce_sum", "a sum over zero-padded blocks"),
     _family(26, "Key_PadDot", "padded.dl", "dot_general", "a dot_general of padded blocks"),
+    _family(27, "Key_PadLayout", "padded.dl", "broadcast_in_dim transpose reshape",
+            "the same data movement of padded blocks on both sides"),
 )
 CONSTANTS: tuple[Constant, ...] = (UNIT, *REDUCER_CONSTANTS, *TAG_CONSTANTS,
                                    *(f.const for f in RULE_FAMILIES))

@@ -86,7 +86,7 @@ def test_a_padded_split_is_inferred_from_the_shapes_with_unknown_padding():
 @pytest.mark.parametrize("entry,message", [
     ('{ split = 1, pad = "ones" }', 'pad must be "zero" or "any"'),
     ('{ split = 1, pad = "zero", segments = [15, 15] }', 'pad must be "zero" or "any"'),
-    ('{ split = 0, pad = "zero" }', "gives local shape"),
+    ('{ split = 0, pad = "zero" }', "cut in 4 blocks that cover it"),
     ("{ split = 1 }", "does not split evenly over 4 ranks (a padded split"),
 ])
 def test_a_bad_padded_entry_is_an_error_naming_the_spec_line(tmp_path, entry, message):
@@ -95,3 +95,32 @@ def test_a_bad_padded_entry_is_an_error_naming_the_spec_line(tmp_path, entry, me
     with pytest.raises(InputError, match=message.replace("(", r"\(").replace("[", r"\[")) as e:
         verify_hlo(SEQ, DIST, path)
     assert e.value.line == 4
+
+
+# ---------------------------------------------------------------- heads padded with zero weights
+
+HSEQ, HDIST = DATA / "padded_heads.seq.hlo", DATA / "padded_heads.dist.hlo"
+
+
+def test_attention_with_heads_padded_by_zero_weights_verifies():
+    # reshapes, transposes, batched dots, a softmax and a max over padded heads
+    res = verify_hlo(HSEQ, HDIST, DATA / "padded_heads.toml")
+    assert res.verified, [f.message for f in res.failures[:3]]
+    assert_views_hold(res.problem, res.views, seeds=(0, 1), padded=res.padded_views)
+
+
+def test_padded_heads_twins_do_not_verify(tmp_path):
+    # the output projection's padding rows unknown: the padded heads' outputs reach the sum
+    spec = tmp_path / "spec.toml"
+    spec.write_text((DATA / "padded_heads.toml").read_text().replace(
+        '4 = { split = 0, pad = "zero" }', '4 = { split = 0, pad = "any" }'))
+    assert not verify_hlo(HSEQ, HDIST, spec).verified
+    # the scores scaled by 1/4 instead of 1/2 before the exponential (the max keeps 1/2)
+    text = HDIST.read_text()
+    old = "%constant.10 = f32[] constant(0.5)"
+    assert text.count(old) == 1
+    mutated = tmp_path / "padded_heads.dist.hlo"
+    mutated.write_text(text.replace(old, "%constant.10 = f32[] constant(0.25)"))
+    res = verify_hlo(HSEQ, mutated, DATA / "padded_heads.toml")
+    assert not res.verified
+    assert any(f.file.endswith("padded_heads.dist.hlo") and f.line > 0 for f in res.failures)

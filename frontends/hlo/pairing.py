@@ -324,12 +324,14 @@ def _spec_decision(pair: ParamPair, ps: ParamSpec, n: int, spec_file: str) -> _D
                              f"distributed module declares {_shape_str(b.shape)}",
                              spec_file, ps.line)
         return _Decision(None, d, ps.segments)
-    if ps.pad is not None and a.shape[d] % n:
-        local = a.shape[:d] + (-(-a.shape[d] // n),) + a.shape[d + 1:]
-        if local != b.shape:
-            raise InputError(f"{where} gives local shape {_shape_str(local)}, but the "
-                             f"distributed module declares {_shape_str(b.shape)}",
-                             spec_file, ps.line)
+    even = a.shape[d] % n == 0 and b.shape == split_relation(a.shape, d, n).dist_shape
+    if ps.pad is not None and not even:
+        # blocks of the distributed size k along d (whole heads, say), n * k >= the dim
+        k = b.shape[d] if len(b.shape) == len(a.shape) else 0
+        if a.shape[:d] + a.shape[d + 1:] != b.shape[:d] + b.shape[d + 1:] or n * k < a.shape[d]:
+            raise InputError(f"{where}: the distributed shape {_shape_str(b.shape)} is not "
+                             f"{_shape_str(a.shape)} with dim {d} cut in {n} blocks that "
+                             f"cover it", spec_file, ps.line)
         return _Decision(None, d, pad=ps.pad)
     if a.shape[d] % n:
         raise InputError(f"{where}: dim {d} of size {a.shape[d]} does not split evenly over "

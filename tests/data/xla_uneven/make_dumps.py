@@ -67,6 +67,28 @@ def padded_mlp_dist(x, w1p, w2p):
                          out_specs=P())(x, w1p, w2p)
 
 
+HEADS, HEAD_DIM = 6, 4
+
+
+def padded_heads_seq(x, wq, wk, wv, wo):
+    """Attention over 6 heads of 4 (hidden 16, 8 tokens)."""
+    def heads(w):
+        return (x @ w).reshape(8, -1, HEAD_DIM).transpose(1, 0, 2)
+    q, k, v = heads(wq), heads(wk), heads(wv)
+    p = jax.nn.softmax(q @ k.transpose(0, 2, 1) / 2.0, axis=-1)
+    return (p @ v).transpose(1, 0, 2).reshape(8, -1) @ wo
+
+
+def padded_heads_dist(x, wq, wk, wv, wo):
+    """The same attention over 4 devices, the heads padded to 8 (2 per device) with
+    zero weights, as transformers-neuronx pads 32 heads to 36 at TP=6."""
+    def local(x, wq, wk, wv, wo):
+        return jax.lax.psum(padded_heads_seq(x, wq, wk, wv, wo), "x")
+    col, row = P(None, "x"), P("x", None)
+    return jax.shard_map(local, mesh=MESH, in_specs=(P(), col, col, col, row),
+                         out_specs=P())(x, wq, wk, wv, wo)
+
+
 def main() -> None:
     def put(shape):
         return jax.device_put(jnp.ones(shape, jnp.float32), NamedSharding(MESH, P()))
@@ -93,8 +115,19 @@ def main() -> None:
     (after,) = Path(DUMP).glob("module_*.jit_padded_mlp_dist.cpu_after_optimizations.txt")
     shutil.copy(before, HERE / "padded_mlp.seq.hlo")
     shutil.copy(after, HERE / "padded_mlp.dist.hlo")
+    hd = HEADS * HEAD_DIM
+    jax.jit(padded_heads_seq)(put((8, 16)), put((16, hd)), put((16, hd)), put((16, hd)),
+                              put((hd, 16))).block_until_ready()
+    padded = 8 * HEAD_DIM
+    col, row = P(None, "x"), P("x", None)
+    jax.jit(padded_heads_dist)(put((8, 16)), shard((16, padded), col), shard((16, padded), col),
+                               shard((16, padded), col), shard((padded, 16), row)).block_until_ready()
+    (before,) = Path(DUMP).glob("module_*.jit_padded_heads_seq.before_optimizations.txt")
+    (after,) = Path(DUMP).glob("module_*.jit_padded_heads_dist.cpu_after_optimizations.txt")
+    shutil.copy(before, HERE / "padded_heads.seq.hlo")
+    shutil.copy(after, HERE / "padded_heads.dist.hlo")
     shutil.rmtree(DUMP)
-    print(f"jax {jax.__version__}: wrote {len(programs) + 1} pairs to {HERE}", file=sys.stderr)
+    print(f"jax {jax.__version__}: wrote {len(programs) + 2} pairs to {HERE}", file=sys.stderr)
 
 
 if __name__ == "__main__":
