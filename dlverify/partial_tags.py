@@ -22,6 +22,10 @@ complete it. The families (datalog/partials.dl, datalog/update.dl):
   leaf; F(k) is the sum over the leaves of their terms k;
 - CAT_BASE + a: `op` is a sequential concatenate whose operands are reductions along
   their axis a with equally many terms; F(k) is the concatenation of their terms k;
+- HELD_BASE + 32*i + a: add `op` whose operand i is the result of the reduction
+  along its axis a and whose other operand v is added by the rank holding term 0
+  (zeros elsewhere: a bias on rank 0 before the all-reduce); F(0) = R(0) + v,
+  F(k) = R(k) for k > 0, R the reduction's terms;
 - GROUP_BASE + (g0 * RADIX + t) * RADIX + m: `op` is a distributed collective and
   its groups g0, g0 + t, ..., g0 + (m-1) t a class whose members' operands, visited
   as slots (member q of the j-th group is slot q * m + j), tile the range of one
@@ -44,6 +48,7 @@ MASK_BASE = S.TAG_MASK_BASE
 WINDOW_BASE = S.TAG_WINDOW_BASE
 ACC_BASE = S.TAG_ACC_BASE
 CAT_BASE = S.TAG_CAT_BASE
+HELD_BASE = S.TAG_HELD_BASE
 GROUP_BASE = S.TAG_GROUP_BASE
 GROUP_RADIX = S.TAG_GROUP_RADIX
 TRANS_BASE = S.TAG_TRANS_BASE
@@ -66,6 +71,9 @@ def full_size(seq: Graph, op_id: int, axis: int) -> int:
         return full_size(seq, op_id, axis % PAIR)
     if is_group_axis(axis):
         return group_class(axis).count
+    if HELD_BASE <= axis < GROUP_BASE:   # a reduction plus a held value: the reduction's size
+        i, a = divmod(axis - HELD_BASE, PAIR)
+        return full_size(seq, _producer(seq, _op(seq, op_id).inputs[i]).id, a)
     if axis >= CAT_BASE:   # a concatenation of reductions: its first operand's size
         return full_size(seq, _producer(seq, _op(seq, op_id).inputs[0]).id, axis - CAT_BASE)
     if axis >= ACC_BASE:   # an add tree named by its first leaf: the leaf's size

@@ -347,6 +347,9 @@ TAG_FLAT_BASE, TAG_ADD_BASE, TAG_MASK_BASE, TAG_WINDOW_BASE, TAG_PAIR = 1000, 20
 TAG_ACC_BASE = 5000
 # TAG_CAT_BASE + a: a concatenation of reductions along their axis a (concat_terms.dl).
 TAG_CAT_BASE = 6000
+# TAG_HELD_BASE + PAIR * i + a: an add whose operand i is the reduction along axis a and
+# whose other operand is held by the rank of term 0 (partials.dl).
+TAG_HELD_BASE = 7000
 # Above TAG_GROUP_BASE: a class of groups of a collective (the tag's op): GROUP_BASE +
 # (first * RADIX + stride) * RADIX + count (dlverify/partial_tags.py).
 TAG_GROUP_BASE, TAG_GROUP_RADIX = 100000, 512
@@ -367,6 +370,8 @@ TAG_CONSTANTS = (
            "Tag axis base: a tree of adds whose leaves are reductions along one axis."),
     _const("Tag_CatBase", "base:number", TAG_CAT_BASE,
            "Tag axis base: a concatenation of reductions along one axis with equally many terms."),
+    _const("Tag_HeldBase", "base:number", TAG_HELD_BASE,
+           "Tag axis base: the terms of a reduction plus a value held with its term 0."),
     _const("Tag_GroupBase", "base:number", TAG_GROUP_BASE,
            "Tag axis base: the sums over a class of groups of a collective."),
     _const("Tag_GroupRadix", "k:number", TAG_GROUP_RADIX,

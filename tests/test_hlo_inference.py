@@ -151,6 +151,18 @@ def test_rank0_only_is_the_value_on_rank_0_and_zeros_elsewhere(tmp_path):
     np.testing.assert_array_equal(vals[bias_param][1], np.zeros_like(b))
 
 
+def test_a_rank0_only_bias_added_before_the_all_reduce_verifies(tmp_path):
+    # each rank adds its bias input to its partial sum, then the all-reduce: right when
+    # rank 0 is passed the bias and the others zeros (partials.dl, a value held with
+    # term 0), wrong when every rank is passed the bias
+    spec = tmp_path / "r0.toml"
+    spec.write_text('[params]\n3 = "rank0_only"\n[dist_params]\n3 = "rank_id"\n')
+    dist = TXLA / "tp_mlp_dist_bias_before_reduce.hlo"
+    res = verify_hlo(TXLA / "tp_mlp_seq.hlo", dist, spec)
+    assert res.verified, [f.message for f in res.failures[:3]]
+    assert not verify_hlo(TXLA / "tp_mlp_seq.hlo", dist, TXLA / "tp_mlp.toml").verified
+
+
 def test_spec_parse_errors_name_the_line():
     with pytest.raises(InputError) as ei:
         parse_spec("[params]\n0 = { split = 1, dist = 3 }\n1 = { replicated = true, dist = 3 }\n",

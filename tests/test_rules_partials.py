@@ -451,3 +451,32 @@ def test_max_of_partial_maxima_with_a_gap_has_no_merged_view():
     out = t.run()
     assert all(v.partial is None or (v.partial.lo, v.partial.hi) != (0, 3)
                for v in out.views(ms, merged, 0))
+
+
+# ---------------------------------------------------------------- a value held with term 0
+
+def _row_parallel_bias(holder: int | None, ranks: int = 4):
+    """x @ w + b with w's rows split (a partial sum per rank) and b added before the
+    psum by the rank `holder` only (zeros elsewhere), or by every rank (None)."""
+    t = Tiny(Mesh(("x",), (ranks,)))
+    xs, xd = t.input((3, 8), (None, "x"))
+    ws, wd = t.input((8, 5), ("x", None))
+    bs, bd = t.input((3, 5))
+    ys = t.sop("add", [t.sop("dot_general", [xs, ws], (3, 5), **DOT), bs], (3, 5))
+    bias = bd if holder is None else t.dop(
+        "select_n", [t.drank_is(holder, (3, 5)), t.dconst(0.0, (3, 5)), bd], (3, 5))
+    yd = t.dop("add", [t.dop("dot_general", [xd, wd], (3, 5), **DOT), bias], (3, 5))
+    t.output(ys, t.dop("all_reduce", [yd], (3, 5), reducer="sum", groups=[list(range(ranks))]))
+    return t, t.run()
+
+
+def test_a_bias_added_by_the_rank_of_term_zero_before_the_psum_verifies():
+    for ranks in (2, 4):
+        t, out = _row_parallel_bias(0, ranks)
+        assert out.result.verified, [f.message for f in out.result.failures]
+
+
+def test_a_bias_added_on_every_rank_before_the_psum_does_not_verify():
+    # the psum adds it `ranks` times
+    t, out = _row_parallel_bias(None)
+    assert not out.result.verified
