@@ -18,7 +18,16 @@ is about the same functions:
   a 1-D iota (never the other way round: a program that adds a rank offset to
   its 1-D positions before broadcasting them keeps that form);
 * reciprocals: `x * (1 / y)` is `x / y` (also through a broadcast_in_dim of
-  the reciprocal, which is moved onto y);
+  the reciprocal, which is moved onto y), and `x * 2^-k` (k >= 1, a splat
+  literal: XLA's folded `x / 2^k`) is `x / 2^k`;
+* masks: `p * x` for a boolean p is `select(p, x, 0)` (x real), the form XLA
+  writes for a one-hot product and for its padding masks;
+* reshapes sink toward the outputs: an elementwise op of reshapes of tensors
+  of one shape (and splats) is the reshape of the op on that shape, and a dot
+  of a reshape that only regroups an operand's free dims (batch dims kept,
+  contracted dims regrouped among themselves at most) is a reshape of the dot
+  of a reshape keeping them (XLA flattens [b, s, h, d] to [b*s, h*d] around
+  a matmul; the program merges h*d only); reshape chains then collapse;
 * dot operand layout: each operand of a dot_general is put in one standard
   order (lhs: batch, free, contracted dims; rhs: batch, contracted, free; the
   free dims in their own order, so the result is the same) by a transpose,
@@ -44,10 +53,12 @@ helpers this uses); ops the program itself left unread are kept.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 
 from dlverify.ir import Graph, IdAllocator, Op
+from dlverify.ops.table import KINDS, Family
 from dlverify.rewrites import _drop_newly_dead, _Rewriter, _unused
 
 # op kind -> (neutral value, operand positions it may take)
@@ -55,7 +66,7 @@ _NEUTRAL: dict[str, tuple[float, tuple[int, ...]]] = {
     "add": (0.0, (0, 1)), "sub": (0.0, (1,)), "mul": (1.0, (0, 1)), "div": (1.0, (1,)),
     "max": (-math.inf, (0, 1)), "min": (math.inf, (0, 1)),
 }
-_PASSES = 4
+_PASSES = 6
 
 
 class _Simplifier(_Rewriter):
@@ -151,6 +162,56 @@ class _Simplifier(_Rewriter):
             return True
         return False
 
+    def exact_scaling(self, op: Op) -> bool:
+        """`x * c` for a splat literal c = ±2^-k (k >= 1), whose reciprocal is an
+        exact integer (XLA writes `x / 32` as `x * 0.03125`), is `x / (1/c)`, so
+        it meets the division; other literals are left alone (`x * 0.33333334`
+        is not `x / 3` over the reals, and `x * 2` is no division in disguise)."""
+        if op.kind != "mul" or len(op.inputs) != 2 or \
+                not np.issubdtype(np.dtype(self.g.tensors[op.output].dtype), np.floating):
+            return False
+        for pos in (0, 1):
+            c, x = op.inputs[pos], op.inputs[1 - pos]
+            value = self.splat(c)
+            if value is None or not math.isfinite(value) or value == 0.0 \
+                    or self.shape(x) != self.shape(op.output):
+                continue
+            dtype = self.g.tensors[c].dtype
+            inv = np.asarray(1.0, dtype) / np.asarray(value, dtype)
+            if not np.isfinite(inv) or abs(float(inv)) <= 1 or not float(inv).is_integer() \
+                    or Fraction(float(inv)) * Fraction(value) != 1:
+                continue                            # only x * 2^-k, written for x / 2^k
+            scalar = self.builder.constant(inv, (), dtype, op.loc, op.name)
+            self.producer[scalar] = self.out[-1]
+            y = self.new_op("broadcast_in_dim", [scalar], self.shape(c), dtype,
+                            {"broadcast_dimensions": ()}, op)
+            self.new_op("div", [x, y], self.shape(op.output), self.g.tensors[op.output].dtype, {},
+                        op, output=op.output)
+            return True
+        return False
+
+    def mask_product(self, op: Op) -> bool:
+        """`p * x` for a boolean mask p is `select(p, x, 0)` (select_n(p, 0, x)) over
+        the reals (x real, so never 0 * inf): XLA writes `one_hot * x` as the
+        select, and masks padding with the same select, which the rules read."""
+        if op.kind != "mul" or len(op.inputs) != 2:
+            return False
+        out = self.g.tensors[op.output]
+        if not np.issubdtype(np.dtype(out.dtype), np.floating):
+            return False
+        for pos in (0, 1):
+            p, x = op.inputs[pos], op.inputs[1 - pos]
+            if self.g.tensors[p].dtype != "bool" or self.g.tensors[x].dtype != out.dtype \
+                    or not self.shape(p) == self.shape(x) == out.shape:
+                continue
+            zero = self.builder.constant(np.zeros((), out.dtype), (), out.dtype, op.loc, op.name)
+            self.producer[zero] = self.out[-1]
+            zeros = self.new_op("broadcast_in_dim", [zero], out.shape, out.dtype,
+                                {"broadcast_dimensions": ()}, op)
+            self.new_op("select_n", [p, zeros, x], out.shape, out.dtype, {}, op, output=op.output)
+            return True
+        return False
+
     def dot_layout(self, op: Op) -> bool:
         """Put each dot operand in the standard order (lhs: batch, free, contracted;
         rhs: batch, contracted, free; free dims keep their order, so the result
@@ -188,12 +249,110 @@ class _Simplifier(_Rewriter):
                      p, op, output=op.output)
         return changed
 
+    def scalar_of_splat(self, t: int) -> int | None:
+        """The rank-0 tensor that t broadcasts (a splat of a scalar, whatever its value)."""
+        op = self.producer.get(t)
+        if op is not None and op.kind == "broadcast_in_dim" and self.shape(op.inputs[0]) == ():
+            return op.inputs[0]
+        return None
+
+    def sink_reshape(self, op: Op) -> bool:
+        """An elementwise op whose operands are reshapes of tensors of one shape S (and
+        splats) is the reshape of the same op on S: reshapes sink toward the
+        outputs, so `reshape(r) / 32` and `reshape(r / 32)` meet, and reshape chains
+        then collapse."""
+        if KINDS[op.kind].family is not Family.ELEMENTWISE or not op.inputs:
+            return False
+        src_shape, ins = None, []
+        for t in op.inputs:
+            r = self.producer.get(t)
+            if r is not None and r.kind == "reshape":
+                s = self.shape(r.inputs[0])
+                if src_shape is not None and s != src_shape:
+                    return False
+                src_shape = s
+                ins.append(r.inputs[0])
+            elif self.scalar_of_splat(t) is not None:
+                ins.append(None)
+            else:
+                return False
+        if src_shape is None or src_shape == self.shape(op.output):
+            return False
+        for i, t in enumerate(op.inputs):
+            if ins[i] is None:
+                scalar = self.scalar_of_splat(t)
+                ins[i] = self.new_op("broadcast_in_dim", [scalar], src_shape,
+                                     self.g.tensors[t].dtype, {"broadcast_dimensions": ()},
+                                     self.producer[t])
+        dtype = self.g.tensors[op.output].dtype
+        inner = self.new_op(op.kind, ins, src_shape, dtype, op.params, op)
+        self.new_op("reshape", [inner], self.shape(op.output), dtype, {}, op, output=op.output)
+        return True
+
+    def sink_dot_reshape(self, op: Op) -> bool:
+        """A dot (operands in the standard order) of a reshape that regroups the
+        operand's free dims (batch dims unchanged, the contracted ones regrouped
+        among themselves at most) is the dot of a reshape that keeps the free
+        dims, reshaped after: XLA flattens [b, s, h, d] to [b*s, h*d] before a
+        matmul and back after it; the sequential program merges h*d only. Row-major
+        order makes the regrouping of the leading and trailing groups independent
+        as soon as their sizes agree."""
+        if op.kind != "dot_general" or len(op.inputs) != 2:
+            return False
+        p = op.params
+        for side, key in ((0, "lhs"), (1, "rhs")):
+            r = self.producer.get(op.inputs[side])
+            if r is None or r.kind != "reshape":
+                continue
+            src, to = self.shape(r.inputs[0]), self.shape(op.inputs[side])
+            nb, nc = len(p[f"{key}_batch"]), len(p[f"{key}_contract"])
+            rank = len(to)
+            if tuple(p[f"{key}_batch"]) != tuple(range(nb)) or tuple(p[f"{key}_contract"]) != (
+                    tuple(range(rank - nc, rank)) if side == 0 else tuple(range(nb, nb + nc))):
+                continue                            # not in the standard order (yet)
+            if src[:nb] != to[:nb]:
+                continue
+            # to = batch + first + second; first: free dims (lhs) or contracted (rhs)
+            n_first = rank - nb - nc if side == 0 else nc
+            first, second = to[nb:nb + n_first], to[nb + n_first:]
+            split = next((k for k in range(nb, len(src) + 1)
+                          if math.prod(src[nb:k]) == math.prod(first)
+                          and math.prod(src[k:]) == math.prod(second)), None)
+            if split is None:
+                continue
+            src_free = src[nb:split] if side == 0 else src[split:]
+            if src_free == (first if side == 0 else second):
+                continue                            # the free dims are kept already
+            mid = src[:split] + second if side == 0 else to[:nb + n_first] + src[split:]
+            operand = r.inputs[0]
+            dtype = self.g.tensors[op.output].dtype
+            if mid != src:
+                operand = self.new_op("reshape", [operand], mid, self.g.tensors[operand].dtype,
+                                      {}, r)
+            q = dict(p)
+            q[f"{key}_contract"] = (tuple(range(len(mid) - nc, len(mid))) if side == 0
+                                    else tuple(range(nb, nb + nc)))
+            ins = list(op.inputs)
+            ins[side] = operand
+            out = self.shape(op.output)
+            n_free = rank - nb - nc                  # this operand's free dims in `to`
+            if side == 0:
+                new_out = out[:nb] + src_free + out[nb + n_free:]
+            else:
+                new_out = out[:len(out) - n_free] + src_free
+            inner = self.new_op("dot_general", ins, new_out, dtype, q, op)
+            self.new_op("reshape", [inner], out, dtype, {}, op, output=op.output)
+            return True
+        return False
+
     def run(self) -> bool:
         changed = False
         for op in self.g.ops:
             op.inputs = [self.alias.get(i, i) for i in op.inputs]
             if (self.neutral(op) or self.layout(op) or self.iota_1d(op) or self.reciprocal(op)
-                    or self.dot_layout(op)):
+                    or self.exact_scaling(op) or self.mask_product(op)
+                    or self.dot_layout(op) or self.sink_reshape(op)
+                    or self.sink_dot_reshape(op)):
                 changed = True
                 continue
             self.out.append(op)

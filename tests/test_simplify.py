@@ -159,11 +159,120 @@ def test_batched_dot_operands_reordered():
     assert t.params["permutation"] == (2, 1, 0)
 
 
+def test_reshapes_sink_past_elementwise_ops_and_collapse():
+    # the LayerNorm mean before XLA's optimisations: reshape -> / 32 -> +eps -> reshape back
+    def build(b, r):
+        r1 = b.op("reshape", [r], (2, 8, 1), "float32")
+        d = b.op("div", [r1, _splat(b, 32.0, (2, 8, 1))], (2, 8, 1), "float32")
+        e = b.op("add", [d, _splat(b, 1e-5, (2, 8, 1))], (2, 8, 1), "float32")
+        return b.op("reshape", [b.op("exp", [e], (2, 8, 1), "float32")], (2, 8), "float32")
+    g = _check(build, [(2, 8)], {"reshape"})
+    assert [op.kind for op in g.ops if op.kind != "broadcast_in_dim" and op.kind != "constant"] \
+        == ["div", "add", "exp"]
+
+
+def test_reshapes_of_two_operands_sink_together():
+    def build(b, x, y):
+        rx = b.op("reshape", [x], (4, 3), "float32")
+        ry = b.op("reshape", [y], (4, 3), "float32")
+        return b.op("mul", [rx, ry], (4, 3), "float32")
+    g = _check(build, [(2, 6), (2, 6)], set())
+    assert [op.kind for op in g.ops] == ["mul", "reshape"]
+    assert g.ops[0].inputs == g.inputs
+
+
+@pytest.mark.parametrize("case", ["other_source_shape", "plain_operand", "no_reshape"])
+def test_reshapes_do_not_sink_past_unlike_operands(case):
+    def build(b, x, y):
+        rx = b.op("reshape", [x], (4, 3), "float32")
+        if case == "other_source_shape":
+            other = b.op("reshape", [y], (4, 3), "float32")        # y is (3, 4), x is (2, 6)
+        elif case == "plain_operand":
+            other = b.op("transpose", [y], (4, 3), "float32", {"permutation": (1, 0)})
+        else:
+            rx = b.op("transpose", [y], (4, 3), "float32", {"permutation": (1, 0)})
+            other = rx
+        return b.op("add", [rx, other], (4, 3), "float32")
+    g, ids = _graph(build, [(2, 6), (3, 4)])
+    assert not simplify_graph(g, ids)
+
+
+def test_multiplying_by_a_power_of_two_reciprocal_is_a_division():
+    def build(b, x):
+        return b.op("mul", [_splat(b, 0.03125, (3, 4)), x], (3, 4), "float32")
+    g = _check(build, [(3, 4)], {"mul"})
+    (div,) = [op for op in g.ops if op.kind == "div"]
+    assert div.inputs[0] == g.inputs[0]
+    (c,) = [op for op in g.ops if op.kind == "constant"]
+    assert float(c.params["value"]) == 32.0
+
+
+@pytest.mark.parametrize("value", [0.1, 2.0, 3.0, 0.0, -np.inf])
+def test_other_literal_factors_stay_multiplications(value):
+    # 0.1 and 1/3 have no exact reciprocal, 2 is no division in disguise
+    g, ids = _graph(lambda b, x: b.op("mul", [x, _splat(b, value, (3,))], (3,), "float32"),
+                    [(3,)])
+    assert not simplify_graph(g, ids)
+
+
+@pytest.mark.parametrize("pos", [0, 1])
+def test_a_mask_product_is_a_select_against_zero(pos):
+    def build(b, x, y):
+        p = b.op("gt", [x, y], (3, 4), "bool")
+        return b.op("mul", [p, y] if pos == 0 else [y, p], (3, 4), "float32")
+    g = _check(build, [(3, 4), (3, 4)], {"mul"})
+    (sel,) = [op for op in g.ops if op.kind == "select_n"]
+    assert sel.inputs[2] == g.inputs[1]
+
+
+@pytest.mark.parametrize("case", ["two_floats", "integer_product"])
+def test_other_products_stay(case):
+    def build(b, x, y):
+        if case == "two_floats":
+            return b.op("mul", [x, y], (3,), "float32")
+        p = b.op("gt", [x, y], (3,), "bool")
+        i = b.op("iota", [], (3,), "int32", {"dimension": 0})
+        return b.op("mul", [p, i], (3,), "int32")
+    g, ids = _graph(build, [(3,), (3,)])
+    assert not simplify_graph(g, ids)
+
+
+def test_flattened_matmul_becomes_the_dot_of_the_unflattened_operand():
+    # XLA: [b, s, h, d] -> [b*s, h*d] @ w -> [b, s, n]; the program: [b, s, h*d] @ w
+    def build(b, x, w):
+        flat = b.op("reshape", [x], (16, 8), "float32")
+        y = _dot(b, flat, w, (16, 32), (1,), (0,))
+        return b.op("reshape", [y], (2, 8, 32), "float32")
+    g = _check(build, [(2, 8, 2, 4), (8, 32)], set())
+    assert [op.kind for op in g.ops] == ["reshape", "dot_general"]
+    assert g.tensors[g.ops[0].output].shape == (2, 8, 8)       # h*d merged only
+
+
+def test_rhs_free_dims_regrouped_after_the_dot():
+    def build(b, x, w):
+        return _dot(b, x, b.op("reshape", [w], (8, 6), "float32"), (5, 6), (1,), (0,))
+    g = _check(build, [(5, 8), (8, 2, 3)], set())
+    (dot,) = [op for op in g.ops if op.kind == "dot_general"]
+    assert dot.inputs == g.inputs and g.tensors[dot.output].shape == (5, 2, 3)
+
+
+@pytest.mark.parametrize("case", ["mixes_free_and_contracted", "changes_batch"])
+def test_reshapes_that_mix_dot_roles_stay(case):
+    def build(b, x, w):
+        if case == "mixes_free_and_contracted":      # [4, 6] -> [8, 3]: no group boundary
+            return _dot(b, b.op("reshape", [x], (8, 3), "float32"), w, (8, 5), (1,), (0,))
+        r = b.op("reshape", [x], (4, 6), "float32")  # batch 2 -> 4
+        return _dot(b, r, w, (4, 5), (1,), (1,), (0,), (0,))
+    shapes = [(4, 6), (3, 5)] if case == "mixes_free_and_contracted" else [(2, 12), (4, 6, 5)]
+    g, ids = _graph(build, shapes)
+    assert not simplify_graph(g, ids)
+
+
 # ---------------------------------------------------------------------------
 # XLA dumps: before optimisations vs after (tests/data/xla_optimized/README.md)
 
 @pytest.mark.parametrize("name", [
-    "softmax", "attention", "mlp",
+    "softmax", "attention", "mlp", "gpt2_forward",
     pytest.param("reshape_sum", marks=pytest.mark.xfail(
         strict=True, reason="XLA folds the reshape into a two-axis reduce on the optimised side "
                             "only; a reduction's partial tags name its axes, so the two never "
@@ -176,8 +285,13 @@ def test_after_optimizations_module_verifies(name):
     assert res.verified, res.failures[:1]
 
 
-def test_mutated_after_optimizations_module_is_not_verified():
+@pytest.mark.parametrize("name, line", [("softmax", 26), ("gpt2_forward", 614)])
+def test_mutated_after_optimizations_module_is_not_verified(name, line):
+    # one edit each (README.md of the data folder), located at the instruction that
+    # reads the wrong value (softmax: the fused multiply fed by the edited call, line 70)
     from dlverify.hlo_api import verify_hlo
-    path = DATA / "softmax.after_mutated.hlo"
-    res = verify_hlo(DATA / "softmax.before.hlo", path)
+    path = DATA / f"{name}.after_mutated.hlo"
+    res = verify_hlo(DATA / f"{name}.before.hlo", path)
     assert not res.verified
+    first = res.failures[0]
+    assert (Path(first.file).name, first.line) == (path.name, line), first

@@ -20,6 +20,12 @@ import jax.numpy as jnp  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+# NAME.after_mutated.hlo: NAME.after.hlo with one edit (README.md), which must not verify
+MUTATIONS = {
+    "softmax": ("fusion(%subtract_exponential_fusion, %reduce_divide_fusion)",
+                "fusion(%param, %reduce_divide_fusion)"),
+    "gpt2_forward": ("subtract(%add.168, %sub.91)", "subtract(%param_1.89, %sub.91)"),
+}
 
 
 def softmax(x):
@@ -38,6 +44,24 @@ def mlp(x, w1, w2):
     return jax.nn.gelu(x @ w1) @ w2
 
 
+def gpt2_programs():
+    """examples/models/gpt2.py's sequential forward (logits and loss), one layer,
+    jitted with its param_specs over a 4-device mesh axis 'tp' (Megatron layouts:
+    XLA's partitioner makes the per-device program)."""
+    sys.path.insert(0, str(HERE.parents[2]))
+    from examples.models import gpt2
+    cfg = gpt2.SMALL._replace(layers=1)
+    mesh = Mesh(jax.devices()[:4], ("tp",))
+    specs = list(gpt2.param_specs(cfg).values()) + [P(), P()]
+    args = [jax.device_put(jnp.ones(a.shape, a.dtype), NamedSharding(mesh, s))
+            for a, s in zip(gpt2.args(cfg), specs)]
+    fwd = gpt2.make_seq(cfg, train=False)
+
+    def gpt2_forward(*flat):
+        return fwd(*flat)
+    return {"gpt2_forward": (gpt2_forward, args)}
+
+
 def main() -> None:
     mesh = Mesh(jax.devices()[:4], ("x",))
 
@@ -49,13 +73,19 @@ def main() -> None:
                                   put((8, 16), P())]),
         "reshape_sum": (reshape_sum, [put((8, 16, 4), P(None, None, "x"))]),
         "mlp": (mlp, [put((8, 16), P()), put((16, 32), P(None, "x")), put((32, 16), P("x", None))]),
+        **gpt2_programs(),
     }
     for name, (fn, args) in programs.items():
-        jax.jit(fn)(*args).block_until_ready()
+        jax.block_until_ready(jax.jit(fn)(*args))
         (before,) = Path(DUMP).glob(f"module_*.jit_{name}.before_optimizations.txt")
         (after,) = Path(DUMP).glob(f"module_*.jit_{name}.cpu_after_optimizations.txt")
         shutil.copy(before, HERE / f"{name}.before.hlo")
         shutil.copy(after, HERE / f"{name}.after.hlo")
+        if name in MUTATIONS:
+            old, new = MUTATIONS[name]
+            text = after.read_text()
+            assert text.count(old) == 1, (name, old)
+            (HERE / f"{name}.after_mutated.hlo").write_text(text.replace(old, new))
     shutil.rmtree(DUMP)
     print(f"jax {jax.__version__}: wrote {len(programs)} pairs to {HERE}", file=sys.stderr)
 
