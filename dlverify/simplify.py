@@ -19,7 +19,8 @@ is about the same functions:
   its 1-D positions before broadcasting them keeps that form);
 * reciprocals: `x * (1 / y)` is `x / y` (also through a broadcast_in_dim of
   the reciprocal, which is moved onto y), and `x * 2^-k` (k >= 1, a splat
-  literal: XLA's folded `x / 2^k`) is `x / 2^k`;
+  literal: XLA's folded `x / 2^k`) is `x / 2^k`; `pow(a, -b)` is
+  `1 / pow(a, b)` (XLA's form of the latter);
 * masks: `p * x` for a boolean p is `select(p, x, 0)` (x real), the form XLA
   writes for a one-hot product and for its padding masks;
 * reshapes sink toward the outputs: an elementwise op of reshapes of tensors
@@ -27,7 +28,9 @@ is about the same functions:
   of a reshape that only regroups an operand's free dims (batch dims kept,
   contracted dims regrouped among themselves at most) is a reshape of the dot
   of a reshape keeping them (XLA flattens [b, s, h, d] to [b*s, h*d] around
-  a matmul; the program merges h*d only); reshape chains then collapse;
+  a matmul; the program merges h*d only); reshape chains then collapse; a
+  dot contracting dims that both operands flattened alike from the same dims
+  contracts those dims pairwise (XLA flattens a [g, j, d, e] weight);
 * dot operand layout: each operand of a dot_general is put in one standard
   order (lhs: batch, free, contracted dims; rhs: batch, contracted, free; the
   free dims in their own order, so the result is the same) by a transpose,
@@ -57,7 +60,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from dlverify.ir import Graph, IdAllocator, Op
+from dlverify.ir import FoldedOp, Graph, IdAllocator, Op
 from dlverify.ops.table import KINDS, Family
 from dlverify.rewrites import _drop_newly_dead, _Rewriter, _unused
 
@@ -189,6 +192,23 @@ class _Simplifier(_Rewriter):
                         op, output=op.output)
             return True
         return False
+
+    def negative_power(self, op: Op) -> bool:
+        """`pow(a, -b)` is `1 / pow(a, b)` (XLA writes `1 / pow(a, b)` as the former;
+        the reciprocal then meets `x * (1/y)` as `x / y` on both sides)."""
+        if op.kind != "pow" or len(op.inputs) != 2:
+            return False
+        neg = self.producer.get(op.inputs[1])
+        out = self.g.tensors[op.output]
+        if neg is None or neg.kind != "neg" or not np.issubdtype(np.dtype(out.dtype), np.floating):
+            return False
+        power = self.new_op("pow", [op.inputs[0], neg.inputs[0]], out.shape, out.dtype, {}, op)
+        one = self.builder.constant(np.ones((), out.dtype), (), out.dtype, op.loc, op.name)
+        self.producer[one] = self.out[-1]
+        ones = self.new_op("broadcast_in_dim", [one], out.shape, out.dtype,
+                           {"broadcast_dimensions": ()}, op)
+        self.new_op("div", [ones, power], out.shape, out.dtype, {}, op, output=op.output)
+        return True
 
     def mask_product(self, op: Op) -> bool:
         """`p * x` for a boolean mask p is `select(p, x, 0)` (select_n(p, 0, x)) over
@@ -345,14 +365,48 @@ class _Simplifier(_Rewriter):
             return True
         return False
 
+    def split_contraction(self, op: Op) -> bool:
+        """A dot (operands in the standard order) contracting dims that both operands
+        regrouped alike from the same dims Cs (lhs: batch + free + Cs reshaped,
+        rhs: batch + Cs + free reshaped, nothing else changed) is the dot
+        contracting Cs pairwise: XLA flattens a [g, j, d, e] weight to [g*j*d, e]
+        and the activations alike."""
+        if op.kind != "dot_general" or len(op.inputs) != 2:
+            return False
+        p = op.params
+        lr, rr = (self.producer.get(t) for t in op.inputs)
+        if lr is None or rr is None or lr.kind != "reshape" or rr.kind != "reshape":
+            return False
+        lt, rt = self.shape(op.inputs[0]), self.shape(op.inputs[1])
+        ls, rs = self.shape(lr.inputs[0]), self.shape(rr.inputs[0])
+        nb, nc = len(p["lhs_batch"]), len(p["lhs_contract"])
+        if tuple(p["lhs_batch"]) != tuple(range(nb)) or tuple(p["rhs_batch"]) != tuple(range(nb)) \
+                or tuple(p["lhs_contract"]) != tuple(range(len(lt) - nc, len(lt))) \
+                or tuple(p["rhs_contract"]) != tuple(range(nb, nb + nc)):
+            return False
+        head, tail = lt[:len(lt) - nc], rt[nb + nc:]          # batch + free, free
+        if ls[:len(head)] != head or rs[len(rs) - len(tail):] != tail or rs[:nb] != rt[:nb]:
+            return False
+        cs = ls[len(head):]
+        if cs != rs[nb:len(rs) - len(tail)] or cs == lt[len(head):] \
+                or math.prod(cs) != math.prod(lt[len(head):]):
+            return False
+        q = dict(p)
+        q["lhs_contract"] = tuple(range(len(head), len(ls)))
+        q["rhs_contract"] = tuple(range(nb, nb + len(cs)))
+        self.new_op("dot_general", [lr.inputs[0], rr.inputs[0]], self.shape(op.output),
+                    self.g.tensors[op.output].dtype, q, op, output=op.output)
+        return True
+
     def run(self) -> bool:
         changed = False
         for op in self.g.ops:
             op.inputs = [self.alias.get(i, i) for i in op.inputs]
             if (self.neutral(op) or self.layout(op) or self.iota_1d(op) or self.reciprocal(op)
                     or self.exact_scaling(op) or self.mask_product(op)
+                    or self.negative_power(op)
                     or self.dot_layout(op) or self.sink_reshape(op)
-                    or self.sink_dot_reshape(op)):
+                    or self.sink_dot_reshape(op) or self.split_contraction(op)):
                 changed = True
                 continue
             self.out.append(op)
@@ -368,15 +422,34 @@ def simplify_graph(graph: Graph, ids: IdAllocator) -> bool:
     whether anything changed."""
     unused = _unused(graph)
     changed = False
+    alias: dict[int, int] = {}      # every pass's: tensor -> the tensor now holding its value
     # One pass simplifies whole chains (aliases and new producers are seen by
     # the ops after them); a few more catch what a rewrite newly exposes.
     for _ in range(_PASSES):
-        if not _Simplifier(graph, ids).run():
+        simplifier = _Simplifier(graph, ids)
+        if not simplifier.run():
             break
+        alias.update(simplifier.alias)
         changed = True
     if changed:
         _drop_newly_dead(graph, unused)
+        _retarget_folded(graph, alias)
     return changed
+
+
+def _retarget_folded(graph: Graph, alias: dict[int, int]) -> None:
+    """A folded op names the tensor holding its value; a later pass may have folded
+    or dropped that tensor in turn: follow the aliases, and forget the ones whose
+    value is gone (diagnosis reads them, dlverify/correspondence.py)."""
+    kept = []
+    for f in graph.folded:
+        value, seen = f.value, set()
+        while value in alias and value not in seen:
+            seen.add(value)
+            value = alias[value]
+        if value in graph.tensors:
+            kept.append(FoldedOp(f.kind, f.loc, value))
+    graph.folded = kept
 
 
 __all__ = ["simplify_graph"]

@@ -197,6 +197,18 @@ def test_reshapes_do_not_sink_past_unlike_operands(case):
     assert not simplify_graph(g, ids)
 
 
+def test_folded_ops_name_tensors_that_still_exist():
+    # `t * 1` folds to t = reshape(r); the exp of it then sinks past t, which is
+    # dropped: diagnosis (dlverify/correspondence.py) must not meet a dead tensor
+    def build(b, r):
+        t = b.op("reshape", [r], (2, 8, 1), "float32")
+        m = b.op("mul", [t, _splat(b, 1.0, (2, 8, 1))], (2, 8, 1), "float32")
+        e = b.op("exp", [m], (2, 8, 1), "float32")
+        return b.op("reshape", [e], (2, 8), "float32")
+    g = _check(build, [(2, 8)], {"reshape", "mul"})
+    assert g.folded and all(f.value in g.tensors for f in g.folded)
+
+
 def test_multiplying_by_a_power_of_two_reciprocal_is_a_division():
     def build(b, x):
         return b.op("mul", [_splat(b, 0.03125, (3, 4)), x], (3, 4), "float32")
@@ -268,11 +280,52 @@ def test_reshapes_that_mix_dot_roles_stay(case):
     assert not simplify_graph(g, ids)
 
 
+def test_a_negative_power_is_a_reciprocal_power():
+    # rotary frequencies: XLA's pow(theta, -(i * 0.5)) for 1 / pow(theta, i / 2)
+    def build(b, x):
+        n = b.op("neg", [x], (4,), "float32")
+        return b.op("pow", [_splat(b, 500000.0, (4,)), n], (4,), "float32")
+    g = _check(build, [(4,)], {"neg"})
+    (div,) = [op for op in g.ops if op.kind == "div"]
+    producer = {op.output: op for op in g.ops}
+    assert [producer[t].kind for t in div.inputs] == ["broadcast_in_dim", "pow"]
+    assert producer[div.inputs[1]].inputs[1] == g.inputs[0]
+
+
+def test_powers_without_negation_stay():
+    g, ids = _graph(lambda b, x: b.op("pow", [_splat(b, 3.0, (4,)), b.op(
+        "exp", [x], (4,), "float32")], (4,), "float32"), [(4,)])
+    assert not simplify_graph(g, ids)
+
+
+def test_contraction_over_dims_both_operands_flattened_alike_is_split():
+    # XLA: [b, g, j, d] -> [b, g*j*d] and w [g, j, d, e] -> [g*j*d, e]
+    def build(b, x, w):
+        fx = b.op("reshape", [x], (3, 24), "float32")
+        fw = b.op("reshape", [w], (24, 5), "float32")
+        return _dot(b, fx, fw, (3, 5), (1,), (0,))
+    g = _check(build, [(3, 2, 3, 4), (2, 3, 4, 5)], {"reshape"})
+    (dot,) = g.ops
+    assert dot.inputs == g.inputs
+    assert (dot.params["lhs_contract"], dot.params["rhs_contract"]) == ((1, 2, 3), (0, 1, 2))
+
+
+@pytest.mark.parametrize("case", ["other_groups", "one_side"])
+def test_contractions_flattened_differently_stay(case):
+    def build(b, x, w):
+        fx = b.op("reshape", [x], (3, 24), "float32")
+        fw = b.op("reshape", [w], (24, 5), "float32") if case == "other_groups" else w
+        return _dot(b, fx, fw, (3, 5), (1,), (0,))
+    w_shape = (4, 3, 2, 5) if case == "other_groups" else (24, 5)     # [4, 3, 2] vs [2, 3, 4]
+    g, ids = _graph(build, [(3, 2, 3, 4), w_shape])
+    assert not simplify_graph(g, ids)
+
+
 # ---------------------------------------------------------------------------
 # XLA dumps: before optimisations vs after (tests/data/xla_optimized/README.md)
 
 @pytest.mark.parametrize("name", [
-    "softmax", "attention", "mlp", "gpt2_forward",
+    "softmax", "attention", "mlp", "gpt2_forward", "llama3_forward",
     pytest.param("reshape_sum", marks=pytest.mark.xfail(
         strict=True, reason="XLA folds the reshape into a two-axis reduce on the optimised side "
                             "only; a reduction's partial tags name its axes, so the two never "
@@ -285,7 +338,8 @@ def test_after_optimizations_module_verifies(name):
     assert res.verified, res.failures[:1]
 
 
-@pytest.mark.parametrize("name, line", [("softmax", 26), ("gpt2_forward", 614)])
+@pytest.mark.parametrize("name, line", [("softmax", 26), ("gpt2_forward", 614),
+                                        ("llama3_forward", 572)])
 def test_mutated_after_optimizations_module_is_not_verified(name, line):
     # one edit each (README.md of the data folder), located at the instruction that
     # reads the wrong value (softmax: the fused multiply fed by the edited call, line 70)

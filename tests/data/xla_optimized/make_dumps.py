@@ -25,6 +25,7 @@ MUTATIONS = {
     "softmax": ("fusion(%subtract_exponential_fusion, %reduce_divide_fusion)",
                 "fusion(%param, %reduce_divide_fusion)"),
     "gpt2_forward": ("subtract(%add.168, %sub.91)", "subtract(%param_1.89, %sub.91)"),
+    "llama3_forward": ("power(%broadcast.65, %negate.1)", "power(%broadcast.65, %multiply.31)"),
 }
 
 
@@ -44,22 +45,28 @@ def mlp(x, w1, w2):
     return jax.nn.gelu(x @ w1) @ w2
 
 
-def gpt2_programs():
-    """examples/models/gpt2.py's sequential forward (logits and loss), one layer,
-    jitted with its param_specs over a 4-device mesh axis 'tp' (Megatron layouts:
-    XLA's partitioner makes the per-device program)."""
+def model_programs():
+    """The sequential forwards (logits and loss) of examples/models/gpt2.py and
+    llama3.py, one layer, jitted with their param_specs over a 4-device mesh axis
+    'tp' (Megatron layouts: XLA's partitioner makes the per-device program)."""
     sys.path.insert(0, str(HERE.parents[2]))
-    from examples.models import gpt2
-    cfg = gpt2.SMALL._replace(layers=1)
+    from examples.models import gpt2, llama3
     mesh = Mesh(jax.devices()[:4], ("tp",))
-    specs = list(gpt2.param_specs(cfg).values()) + [P(), P()]
-    args = [jax.device_put(jnp.ones(a.shape, a.dtype), NamedSharding(mesh, s))
-            for a, s in zip(gpt2.args(cfg), specs)]
-    fwd = gpt2.make_seq(cfg, train=False)
+    gcfg, lcfg = gpt2.SMALL._replace(layers=1), llama3.SMALL._replace(layers=1)
+    models = {"gpt2_forward": (gpt2, gcfg, gpt2.param_specs(gcfg)),
+              "llama3_forward": (llama3, lcfg, llama3.param_specs(lcfg, 4))}
+    out = {}
+    for name, (model, cfg, specs) in models.items():
+        shardings = list(specs.values()) + [P(), P()]          # token ids and labels replicated
+        args = [jax.device_put(jnp.ones(a.shape, a.dtype), NamedSharding(mesh, s))
+                for a, s in zip(model.args(cfg), shardings)]
+        fwd = model.make_seq(cfg, train=False)
 
-    def gpt2_forward(*flat):
-        return fwd(*flat)
-    return {"gpt2_forward": (gpt2_forward, args)}
+        def program(*flat, fwd=fwd):
+            return fwd(*flat)
+        program.__name__ = name                                  # the dump files' names
+        out[name] = (program, args)
+    return out
 
 
 def main() -> None:
@@ -73,7 +80,7 @@ def main() -> None:
                                   put((8, 16), P())]),
         "reshape_sum": (reshape_sum, [put((8, 16, 4), P(None, None, "x"))]),
         "mlp": (mlp, [put((8, 16), P()), put((16, 32), P(None, "x")), put((32, 16), P("x", None))]),
-        **gpt2_programs(),
+        **model_programs(),
     }
     for name, (fn, args) in programs.items():
         jax.block_until_ready(jax.jit(fn)(*args))
