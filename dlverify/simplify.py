@@ -124,8 +124,18 @@ class _Simplifier(_Rewriter):
         if op.kind == "broadcast_in_dim" and same and \
                 tuple(op.params["broadcast_dimensions"]) == tuple(range(len(self.shape(x)))):
             return self.fold(op, x)
-        if op.kind == "transpose" and tuple(op.params["permutation"]) == tuple(
-                range(len(self.shape(x)))):
+        if op.kind != "transpose":
+            return False
+        perm = tuple(op.params["permutation"])
+        src = self.producer.get(x)
+        if src is not None and src.kind == "transpose":      # a transpose of a transpose
+            inner = src.params["permutation"]
+            x, perm = src.inputs[0], tuple(inner[j] for j in perm)
+            if perm != tuple(range(len(perm))):
+                self.new_op("transpose", [x], self.shape(op.output), self.g.tensors[x].dtype,
+                            {"permutation": perm}, op, output=op.output)
+                return True
+        if perm == tuple(range(len(self.shape(x)))):
             return self.fold(op, x)
         return False
 
@@ -177,7 +187,8 @@ class _Simplifier(_Rewriter):
             c, x = op.inputs[pos], op.inputs[1 - pos]
             value = self.splat(c)
             if value is None or not math.isfinite(value) or value == 0.0 \
-                    or self.shape(x) != self.shape(op.output):
+                    or self.shape(x) != self.shape(op.output) \
+                    or self.g.tensors[x].dtype != self.g.tensors[op.output].dtype:
                 continue
             dtype = self.g.tensors[c].dtype
             inv = np.asarray(1.0, dtype) / np.asarray(value, dtype)

@@ -209,6 +209,30 @@ def test_folded_ops_name_tensors_that_still_exist():
     assert g.folded and all(f.value in g.tensors for f in g.folded)
 
 
+def test_transpose_of_a_transpose_is_one_transpose():
+    def build(b, x):
+        t1 = b.op("transpose", [x], (4, 2, 3), "float32", {"permutation": (2, 0, 1)})
+        return b.op("transpose", [t1], (2, 4, 3), "float32", {"permutation": (1, 0, 2)})
+    g = _check(build, [(2, 3, 4)], set())
+    (t,) = g.ops
+    assert t.inputs == g.inputs and t.params["permutation"] == (0, 2, 1)
+
+    def undo(b, x):
+        t1 = b.op("transpose", [x], (4, 2, 3), "float32", {"permutation": (2, 0, 1)})
+        return b.op("transpose", [t1], (2, 3, 4), "float32", {"permutation": (1, 2, 0)})
+    g = _check(undo, [(2, 3, 4)], {"transpose"})
+    assert g.outputs == g.inputs
+
+
+def test_a_mask_scaled_by_a_power_of_two_stays_a_mask_product():
+    # the gradient of the loss's one-hot product: one_hot * -1/16 is a select, not a division
+    def build(b, x, y):
+        p = b.op("gt", [x, y], (3, 4), "bool")
+        return b.op("mul", [p, _splat(b, -0.0625, (3, 4))], (3, 4), "float32")
+    g = _check(build, [(3, 4), (3, 4)], {"mul", "div"})
+    assert "select_n" in [op.kind for op in g.ops]
+
+
 def test_multiplying_by_a_power_of_two_reciprocal_is_a_division():
     def build(b, x):
         return b.op("mul", [_splat(b, 0.03125, (3, 4)), x], (3, 4), "float32")
