@@ -409,6 +409,20 @@ class _Simplifier(_Rewriter):
                     self.g.tensors[op.output].dtype, q, op, output=op.output)
         return True
 
+    def negated_sum(self, op: Op) -> bool:
+        """`sum(-x)` is `-sum(x)`: negations leave reductions toward the outputs, as
+        reshapes do (XLA sums the one-hot gradient before negating it)."""
+        if op.kind != "reduce_sum":
+            return False
+        neg = self.producer.get(op.inputs[0])
+        if neg is None or neg.kind != "neg":
+            return False
+        dtype = self.g.tensors[op.output].dtype
+        total = self.new_op("reduce_sum", [neg.inputs[0]], self.shape(op.output), dtype,
+                            op.params, op)
+        self.new_op("neg", [total], self.shape(op.output), dtype, {}, op, output=op.output)
+        return True
+
     def run(self) -> bool:
         changed = False
         for op in self.g.ops:
@@ -417,7 +431,8 @@ class _Simplifier(_Rewriter):
                     or self.exact_scaling(op) or self.mask_product(op)
                     or self.negative_power(op)
                     or self.dot_layout(op) or self.sink_reshape(op)
-                    or self.sink_dot_reshape(op) or self.split_contraction(op)):
+                    or self.sink_dot_reshape(op) or self.split_contraction(op)
+                    or self.negated_sum(op)):
                 changed = True
                 continue
             self.out.append(op)

@@ -233,6 +233,21 @@ def test_a_mask_scaled_by_a_power_of_two_stays_a_mask_product():
     assert "select_n" in [op.kind for op in g.ops]
 
 
+def test_a_sum_of_negations_is_a_negated_sum():
+    def build(b, x):
+        return b.op("reduce_sum", [b.op("neg", [x], (2, 8, 4), "float32")], (2, 8), "float32",
+                    {"axes": (2,)})
+    g = _check(build, [(2, 8, 4)], set())
+    assert [op.kind for op in g.ops] == ["reduce_sum", "neg"] and g.ops[0].inputs == g.inputs
+
+
+def test_other_reductions_of_negations_stay():
+    # max(-x) is -min(x), not -max(x): only sums are moved
+    g, ids = _graph(lambda b, x: b.op("reduce_max", [b.op("neg", [x], (2, 4), "float32")], (2,),
+                                      "float32", {"axes": (1,)}), [(2, 4)])
+    assert not simplify_graph(g, ids)
+
+
 def test_multiplying_by_a_power_of_two_reciprocal_is_a_division():
     def build(b, x):
         return b.op("mul", [_splat(b, 0.03125, (3, 4)), x], (3, 4), "float32")
