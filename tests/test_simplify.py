@@ -365,6 +365,16 @@ def test_contractions_flattened_differently_stay(case):
 
 @pytest.mark.parametrize("name", [
     "softmax", "attention", "mlp", "gpt2_forward", "llama3_forward",
+    pytest.param("gpt2_train", marks=pytest.mark.xfail(
+        strict=True, reason="weight-gradient dot_general: XLA flattens [b, s, n] operands to "
+                            "[b*s, n], transposes one and contracts b*s, in its own operand "
+                            "order; the program contracts (b, s) of [b, s, n] directly. Sinking a "
+                            "reshape out of a transpose (tried) relocated the Neuron mutant "
+                            "tp2_layer1_wrong_slice, so it is not done")),
+    pytest.param("llama3_kv1_forward", marks=pytest.mark.xfail(
+        strict=True, reason="one KV head per rank: XLA drops the size-1 group dim from the "
+                            "attention dot_generals, the sequential ones keep it as a batch dim "
+                            "(issue 10 item 1, size-1 dims)")),
     pytest.param("reshape_sum", marks=pytest.mark.xfail(
         strict=True, reason="XLA folds the reshape into a two-axis reduce on the optimised side "
                             "only; a reduction's partial tags name its axes, so the two never "

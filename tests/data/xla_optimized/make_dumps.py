@@ -47,20 +47,24 @@ def mlp(x, w1, w2):
 
 def model_programs():
     """The sequential forwards (logits and loss) of examples/models/gpt2.py and
-    llama3.py, one layer, jitted with their param_specs over a 4-device mesh axis
+    llama3.py (and GPT-2's training step, Llama with one KV head per rank), one
+    layer, jitted with their param_specs over a 4-device mesh axis
     'tp' (Megatron layouts: XLA's partitioner makes the per-device program)."""
     sys.path.insert(0, str(HERE.parents[2]))
     from examples.models import gpt2, llama3
     mesh = Mesh(jax.devices()[:4], ("tp",))
     gcfg, lcfg = gpt2.SMALL._replace(layers=1), llama3.SMALL._replace(layers=1)
-    models = {"gpt2_forward": (gpt2, gcfg, gpt2.param_specs(gcfg)),
-              "llama3_forward": (llama3, lcfg, llama3.param_specs(lcfg, 4))}
+    kv1 = lcfg._replace(kv_heads=4)                              # one KV head per rank
+    models = {"gpt2_forward": (gpt2, gcfg, gpt2.param_specs(gcfg), False),
+              "gpt2_train": (gpt2, gcfg, gpt2.param_specs(gcfg), True),
+              "llama3_forward": (llama3, lcfg, llama3.param_specs(lcfg, 4), False),
+              "llama3_kv1_forward": (llama3, kv1, llama3.param_specs(kv1, 4), False)}
     out = {}
-    for name, (model, cfg, specs) in models.items():
+    for name, (model, cfg, specs, train) in models.items():
         shardings = list(specs.values()) + [P(), P()]          # token ids and labels replicated
         args = [jax.device_put(jnp.ones(a.shape, a.dtype), NamedSharding(mesh, s))
                 for a, s in zip(model.args(cfg), shardings)]
-        fwd = model.make_seq(cfg, train=False)
+        fwd = model.make_seq(cfg, train=train)
 
         def program(*flat, fwd=fwd):
             return fwd(*flat)
