@@ -14,7 +14,7 @@ from rulekit import Tiny
 
 from dlverify.api import verify_jax
 from dlverify.ir import Mesh
-from dlverify.partial_tags import ACC_BASE, ADD_BASE, FLAT_BASE, trans_axis
+from dlverify.partial_tags import ACC_BASE, ADD_BASE, FLAT_BASE, HELD_BASE, trans_axis
 from dlverify.verdict import Partial
 
 UNIT = (0, 0, 0, 0)
@@ -80,7 +80,11 @@ def test_add_of_a_reduced_value_and_a_term_has_no_view():
     zs = t.sop("add", [y1s, y2s], (4, 5))
     zd = t.dop("add", [c1d, y2d], (4, 5))
     out = t.run()
-    assert out.views(zs, zd) == []
+    # only the rank holding term 0 has a view: the terms plus the value held with term 0
+    # (a value added on every rank is counted once per rank by a psum)
+    assert out.views(zs, zd, 1) == []
+    assert all(v.partial is not None and v.partial.axis >= HELD_BASE and v.partial.lo == 0
+               for v in out.views(zs, zd))
 
 
 # ---------------------------------------------------------------- accumulation (micro-batches)

@@ -13,13 +13,14 @@ JSON_SCHEMA_VERSION = 1
 def result_dict(res: Result) -> dict[str, Any]:
     """The Result without the derived views and the programs (kept for --explain
     and --graph, too large and not stable enough for a report)."""
-    problem, views, plan = res.problem, res.views, res.segment_plan
-    res.problem, res.views, res.segment_plan = None, [], None
+    problem, views, padded, plan = res.problem, res.views, res.padded_views, res.segment_plan
+    res.problem, res.views, res.padded_views, res.segment_plan = None, [], [], None
     try:
         d = asdict(res)
     finally:
-        res.problem, res.views, res.segment_plan = problem, views, plan
+        res.problem, res.views, res.padded_views, res.segment_plan = problem, views, padded, plan
     d.pop("views")
+    d.pop("padded_views")
     d.pop("problem")
     d.pop("segment_plan")
     for f in d["failures"]:
