@@ -166,6 +166,7 @@ def dump_modules(dump_dir: str | Path) -> list[DumpModule]:
             stages.setdefault(pm.group(1), {})["spmd"] = f
         elif _AFTER_OPT.search(stage):
             stages.setdefault(name, {})["opt"] = f
+    _pair_renumbered(stages)
     out = []
     for name, st in sorted(stages.items()):
         if "before" not in st:
@@ -177,6 +178,26 @@ def dump_modules(dump_dir: str | Path) -> list[DumpModule]:
         raise InputError("no module dumped before optimisations (files "
                          "module_*.before_optimizations.txt) in this folder", str(d))
     return out
+
+
+def _pair_renumbered(stages: dict[str, dict[str, Path]]) -> None:
+    """A module whose files before and after optimisation carry different numbers
+    (`module_0003.jit_f` and `module_0007.jit_f`: XLA gave the compiled module a new
+    id) is paired by its program name, when exactly one unpaired module of that name
+    has each side; ambiguous names stay apart."""
+    def program(name: str) -> str:
+        return name.split(".", 1)[1] if "." in name else name
+    befores: dict[str, list[str]] = {}
+    afters: dict[str, list[str]] = {}
+    for name, st in stages.items():
+        if "before" in st and not {"spmd", "opt"} & set(st):
+            befores.setdefault(program(name), []).append(name)
+        elif "before" not in st:
+            afters.setdefault(program(name), []).append(name)
+    for prog, names in befores.items():
+        other = afters.get(prog, [])
+        if len(names) == 1 and len(other) == 1:
+            stages[names[0]].update(stages.pop(other[0]))
 
 
 def verify_dump(dump_dir: str | Path, engine: EngineName = "auto", window: int = DEFAULT_WINDOW,

@@ -124,3 +124,19 @@ def test_padded_heads_twins_do_not_verify(tmp_path):
     res = verify_hlo(HSEQ, mutated, DATA / "padded_heads.toml")
     assert not res.verified
     assert any(f.file.endswith("padded_heads.dist.hlo") and f.line > 0 for f in res.failures)
+
+
+def test_check_dump_pairs_a_renumbered_module_by_its_program_name(tmp_path):
+    from dlverify.hlo_api import dump_modules, verify_dump
+    (tmp_path / "module_0003.jit_masked_sum.before_optimizations.txt").write_text(
+        (DATA / "masked_sum.before.hlo").read_text())
+    (tmp_path / "module_0007.jit_masked_sum.cpu_after_optimizations.txt").write_text(
+        (DATA / "masked_sum.after.hlo").read_text())
+    [mod] = dump_modules(tmp_path)
+    assert mod.after is not None and mod.after.name.startswith("module_0007")
+    [(name, res)] = verify_dump(tmp_path)
+    assert res.verified
+    # two candidates of the same name: not guessed
+    (tmp_path / "module_0009.jit_masked_sum.cpu_after_optimizations.txt").write_text(
+        (DATA / "masked_sum.after.hlo").read_text())
+    assert all(m.after is None for m in dump_modules(tmp_path) if m.name.startswith("module_0003"))
