@@ -140,3 +140,15 @@ def test_check_dump_pairs_a_renumbered_module_by_its_program_name(tmp_path):
     (tmp_path / "module_0009.jit_masked_sum.cpu_after_optimizations.txt").write_text(
         (DATA / "masked_sum.after.hlo").read_text())
     assert all(m.after is None for m in dump_modules(tmp_path) if m.name.startswith("module_0003"))
+
+
+def test_the_spec_command_writes_inferred_padded_splits():
+    from dlverify.spec import parse_spec
+    from dlverify.spec_writer import infer_spec
+    got = infer_spec(SEQ, DIST)
+    assert not got.verified   # unknown padding meets unknown padding in the contraction
+    spec = parse_spec(got.text, "inferred.toml")
+    assert [(p.kind, p.dim, p.pad) for _, p in sorted(spec.params.items())][1:] == \
+        [("split", 1, "any"), ("split", 0, "any")]
+    stated = infer_spec(SEQ, DIST, DATA / "padded_mlp.toml")
+    assert stated.verified and 'pad = "zero"' in stated.text
