@@ -29,8 +29,11 @@ is about the same functions:
   contracted dims regrouped among themselves at most) is a reshape of the dot
   of a reshape keeping them (XLA flattens [b, s, h, d] to [b*s, h*d] around
   a matmul; the program merges h*d only); reshape chains then collapse; a
-  dot contracting dims that both operands flattened alike from the same dims
-  contracts those dims pairwise (XLA flattens a [g, j, d, e] weight);
+  dot contracting dims that both operands flattened alike from runs of the
+  same sizes (perhaps transposed after) contracts the runs pairwise (XLA
+  flattens a [g, j, d, e] weight, and [b, s, n] activations to [b*s, n] for a
+  weight gradient);
+* negations leave sums: `sum(-x)` is `-sum(x)`;
 * dot operand layout: each operand of a dot_general is put in one standard
   order (lhs: batch, free, contracted dims; rhs: batch, contracted, free; the
   free dims in their own order, so the result is the same) by a transpose,
@@ -376,37 +379,89 @@ class _Simplifier(_Rewriter):
             return True
         return False
 
+    def _unflattened(self, t: int) -> tuple[int, list[list[int]], tuple[int, ...]] | None:
+        """t as a (transposed) reshape that only merges runs of dims: the reshape's
+        operand, for each dim of t the dims of that operand it merges, and the
+        operand's shape; None when t is no such reshape."""
+        perm = None
+        r = self.producer.get(t)
+        if r is not None and r.kind == "transpose":
+            perm, r = tuple(r.params["permutation"]), self.producer.get(r.inputs[0])
+        if r is None or r.kind != "reshape":
+            return None
+        src, mid = self.shape(r.inputs[0]), self.shape(r.output)
+        runs: list[list[int]] = []
+        i = 0
+        for size in mid:
+            run, prod = [], 1
+            while prod < size and i < len(src):
+                prod *= src[i]
+                run.append(i)
+                i += 1
+            if prod != size or not run:     # (a size-1 dim of its own: not a merge)
+                return None
+            runs.append(run)
+        if i != len(src):
+            return None
+        order = perm if perm is not None else tuple(range(len(mid)))
+        return r.inputs[0], [runs[j] for j in order], src
+
     def split_contraction(self, op: Op) -> bool:
-        """A dot (operands in the standard order) contracting dims that both operands
-        regrouped alike from the same dims Cs (lhs: batch + free + Cs reshaped,
-        rhs: batch + Cs + free reshaped, nothing else changed) is the dot
-        contracting Cs pairwise: XLA flattens a [g, j, d, e] weight to [g*j*d, e]
-        and the activations alike."""
+        """A dot contracting dims that both operands merged alike from runs of the
+        same sizes (each operand a reshape that merges runs of dims, perhaps
+        transposed after; batch dims unmerged, free runs kept merged) is the dot
+        contracting the runs pairwise: XLA flattens a [g, j, d, e] weight to [g*j*d, e], and [b, s, n]
+        activations to [b*s, n] matrices for a weight gradient, which it
+        contracts over b*s; the program contracts (b, s)."""
         if op.kind != "dot_general" or len(op.inputs) != 2:
             return False
         p = op.params
-        lr, rr = (self.producer.get(t) for t in op.inputs)
-        if lr is None or rr is None or lr.kind != "reshape" or rr.kind != "reshape":
+        sides = [self._unflattened(t) for t in op.inputs]
+        if sides[0] is None or sides[1] is None:
             return False
-        lt, rt = self.shape(op.inputs[0]), self.shape(op.inputs[1])
-        ls, rs = self.shape(lr.inputs[0]), self.shape(rr.inputs[0])
-        nb, nc = len(p["lhs_batch"]), len(p["lhs_contract"])
-        if tuple(p["lhs_batch"]) != tuple(range(nb)) or tuple(p["rhs_batch"]) != tuple(range(nb)) \
-                or tuple(p["lhs_contract"]) != tuple(range(len(lt) - nc, len(lt))) \
-                or tuple(p["rhs_contract"]) != tuple(range(nb, nb + nc)):
+        pairs = list(zip(p["lhs_contract"], p["rhs_contract"]))
+        (lsrc, lruns, lshape), (rsrc, rruns, rshape) = sides
+        contracted = ({d for d, _ in pairs}, {d for _, d in pairs})
+        if any(len(run) != 1 for j in p["lhs_batch"] for run in [lruns[j]]) \
+                or any(len(run) != 1 for j in p["rhs_batch"] for run in [rruns[j]]):
             return False
-        head, tail = lt[:len(lt) - nc], rt[nb + nc:]          # batch + free, free
-        if ls[:len(head)] != head or rs[len(rs) - len(tail):] != tail or rs[:nb] != rt[:nb]:
+        if any([lshape[d] for d in lruns[i]] != [rshape[d] for d in rruns[j]] for i, j in pairs) \
+                or all(len(lruns[i]) == 1 for i, _ in pairs):
             return False
-        cs = ls[len(head):]
-        if cs != rs[nb:len(rs) - len(tail)] or cs == lt[len(head):] \
-                or math.prod(cs) != math.prod(lt[len(head):]):
-            return False
+        ins, new_pos = [], []
+        for x, runs, shape, c in ((lsrc, lruns, lshape, contracted[0]),
+                                  (rsrc, rruns, rshape, contracted[1])):
+            # contracted runs split into their dims, the others merged into one dim: a
+            # reshape of the operand (runs in its order), then the transpose to the
+            # dot's order (the form a program that reshapes, then contracts, has)
+            at: dict[int, list[int]] = {}
+            dims: list[int] = []
+            for j in sorted(range(len(runs)), key=lambda j: runs[j][0]):
+                sizes = ([shape[d] for d in runs[j]] if j in c
+                         else [math.prod(shape[d] for d in runs[j])])
+                at[j] = list(range(len(dims), len(dims) + len(sizes)))
+                dims.extend(sizes)
+            dtype = self.g.tensors[x].dtype
+            if tuple(dims) != shape:
+                x = self.new_op("reshape", [x], tuple(dims), dtype, {}, op)
+            order = [d for j in range(len(runs)) for d in at[j]]
+            pos, k = [], 0
+            for j in range(len(runs)):
+                pos.append(list(range(k, k + len(at[j]))))
+                k += len(at[j])
+            new_pos.append(pos)
+            if order != list(range(len(dims))):
+                x = self.new_op("transpose", [x], tuple(dims[d] for d in order), dtype,
+                                {"permutation": tuple(order)}, op)
+            ins.append(x)
+        lpos, rpos = new_pos
         q = dict(p)
-        q["lhs_contract"] = tuple(range(len(head), len(ls)))
-        q["rhs_contract"] = tuple(range(nb, nb + len(cs)))
-        self.new_op("dot_general", [lr.inputs[0], rr.inputs[0]], self.shape(op.output),
-                    self.g.tensors[op.output].dtype, q, op, output=op.output)
+        q["lhs_contract"] = tuple(d for i, _ in pairs for d in lpos[i])
+        q["rhs_contract"] = tuple(d for _, j in pairs for d in rpos[j])
+        q["lhs_batch"] = tuple(lpos[i][0] for i in p["lhs_batch"])
+        q["rhs_batch"] = tuple(rpos[j][0] for j in p["rhs_batch"])
+        self.new_op("dot_general", ins, self.shape(op.output), self.g.tensors[op.output].dtype, q,
+                    op, output=op.output)
         return True
 
     def negated_sum(self, op: Op) -> bool:
