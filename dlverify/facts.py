@@ -38,7 +38,7 @@ from dlverify.problem import Problem
 FactTables = dict[S.Relation, list[tuple]]
 
 _INT32 = 2 ** 31
-_IDENTITY_OF = {0.0: "sum", float("-inf"): "max", float("inf"): "min"}
+_IDENTITY_OF = {v: name for name, v in S.REDUCER_IDENTITY.items()}
 
 
 @dataclass

@@ -43,6 +43,8 @@ TYPE_NAMES = frozenset(t[0] for t in TYPES) | {"number", "symbol"}
 REDUCERS = ("sum", "max", "min")
 REDUCER_CODE = {name: code for code, name in enumerate(REDUCERS)}
 REDUCER_SUM, REDUCER_MAX, REDUCER_MIN = (REDUCER_CODE[n] for n in REDUCERS)
+# The identity of each reducer: the padding a reduction ignores (Value_Identity, Pad_View).
+REDUCER_IDENTITY = {"sum": 0.0, "max": float("-inf"), "min": float("inf")}
 
 
 def reducer_name(code: int) -> str:

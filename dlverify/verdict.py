@@ -222,8 +222,7 @@ def parse_padded_views(rows: Iterable[tuple]) -> list[PaddedViewFact]:
 
 
 # Pad_View's z: 0 unknown, else 1 + the code of the reducer whose identity pads.
-PADDING_VALUE = {1 + S.REDUCER_SUM: 0.0, 1 + S.REDUCER_MAX: float("-inf"),
-                 1 + S.REDUCER_MIN: float("inf")}
+PADDING_VALUE = {1 + S.REDUCER_CODE[name]: v for name, v in S.REDUCER_IDENTITY.items()}
 
 
 # ---------------------------------------------------------------- shared formatting
