@@ -282,6 +282,8 @@ MEMORY_HELP = "memory for each case or HLO pair, e.g. 4G or 512M (exit 3 when ex
 CACHE_HELP = ("keep segment results on disk under DIR and reuse them in later runs "
               "(keyed by content, rules and version); off by default")
 RULES_HELP = "another rule set: a folder with a main.dl, checked against the schema (README 'Rule-set research')"
+JOBS_HELP = ("{units} verified at once, each in its own process; the report is the same "
+             "for any N")
 PATTERNS_HELP = "a bug-pattern file (TOML) matched on failures besides the shipped ones; repeatable (README 'Bug-pattern queries')"
 
 
@@ -302,11 +304,14 @@ def check_jax(
     cache: Optional[Path] = typer.Option(None, "--cache", help=CACHE_HELP),
     rules: Optional[Path] = typer.Option(None, "--rules", help=RULES_HELP),
     patterns: Optional[list[Path]] = typer.Option(None, "--patterns", help=PATTERNS_HELP),
+    jobs: int = typer.Option(1, "--jobs", "-j", help=JOBS_HELP.format(units="cases")),
 ) -> None:
     """Verify the @dlverify.case functions of a Python file."""
     def body() -> None:
+        from dlverify.jobs import Unit, jobs_ok, run_units
         from dlverify.tasks import CaseJob, Extras, list_cases_task, run_case_task, split_target
 
+        jobs_ok(jobs)
         memory = check_common(engine, timeout, max_memory, explain,
                                {"--sarif": sarif, "--junit": junit, "--graph": graph}, keep_facts,
                                cache, rules)
@@ -320,36 +325,43 @@ def check_jax(
             run.failed(listed, "", str(path))
             run.finish()
         names = listed.value
+        units = []
+        for case_name in names:
+            one_graph = graph if graph is None or len(names) == 1 \
+                else graph.with_name(f"{graph.stem}.{case_name}{graph.suffix}")
+            job = CaseJob(path, case_name, engine, keep_facts,
+                          Extras(explain, witness, one_graph, verbose), cache, rules, pattern_list)
+            units.append(Unit(case_name, run_case_task, (job,)))
         with _Display(_display_enabled(json_out) and len(names) > 1, len(names)) as display:
-            for i, case_name in enumerate(names):
-                one_graph = graph if graph is None or len(names) == 1 \
-                    else graph.with_name(f"{graph.stem}.{case_name}{graph.suffix}")
-                job = CaseJob(path, case_name, engine, keep_facts,
-                              Extras(explain, witness, one_graph, verbose), cache, rules, pattern_list)
-                display.start(case_name)
-                got = run.supervise(run_case_task, (job,), display)
+            for unit, got in run_units(units, jobs, run.limits(), run.deadline, display.start,
+                                       display.event):
                 display.done()
-                if got.ok:
+                if got is None:  # the run's time was up before it started
+                    run.not_run += 1
+                elif got.ok:
                     run.finished(got.value)
-                    continue
-                run.failed(got, case_name, str(path))
-                if got.status == "out_of_time":  # the run's time is up: nothing else runs
-                    run.not_run = len(names) - i - 1
-                    break
+                else:
+                    run.failed(got, unit.name, str(path))
         run.finish()
 
     _run_command(body)
 
 
-def _run_hlo(job, opts: _Options) -> None:
-    """Verify an HLO pair or a dump folder in a child; print; exit."""
+def _run_hlo(job, opts: _Options, jobs: int = 1) -> None:
+    """Verify an HLO pair or a dump folder in a child (a dump folder's module
+    pairs in one child each with --jobs N > 1); print; exit."""
+    from dlverify.jobs import run_dump_units
     from dlverify.tasks import run_hlo_task
 
     ensure_host_devices()
     run = _Run(opts, noun="module pair")
     with _Display(_display_enabled(opts.json_out), 1) as display:
         display.start(str(job.dump_dir or job.dist))
-        got = run.supervise(run_hlo_task, (job,), display)
+        if job.dump_dir is not None and jobs > 1:
+            got = run_dump_units(job, jobs, run.limits(), run.deadline, display.start,
+                                 display.event)
+        else:
+            got = run.supervise(run_hlo_task, (job,), display)
     if got.ok:
         for item in got.value:
             run.finished(item)
@@ -415,11 +427,15 @@ def check_dump(
     cache: Optional[Path] = typer.Option(None, "--cache", help=CACHE_HELP),
     rules: Optional[Path] = typer.Option(None, "--rules", help=RULES_HELP),
     patterns: Optional[list[Path]] = typer.Option(None, "--patterns", help=PATTERNS_HELP),
+    jobs: int = typer.Option(1, "--jobs", "-j", help=JOBS_HELP.format(units="module pairs")),
 ) -> None:
     """Verify every SPMD-partitioned module of an XLA dump folder (before
     optimisations vs after SPMD partitioning, else after optimisations)."""
     def body() -> None:
+        from dlverify.jobs import jobs_ok
         from dlverify.tasks import Extras, HloJob
+
+        jobs_ok(jobs)
 
         memory = check_common(engine, timeout, max_memory, explain,
                                {"--sarif": sarif, "--junit": junit, "--graph": graph},
@@ -431,7 +447,7 @@ def check_dump(
         job = HloJob(dump_dir=dump_dir, engine=engine, custom_calls=custom_calls,
                      extras=Extras(explain, witness, graph, verbose), cache_dir=cache, rules_dir=rules,
                      patterns=pattern_set(patterns))
-        _run_hlo(job, _Options(json_out, verbose, timeout, memory, sarif, junit))
+        _run_hlo(job, _Options(json_out, verbose, timeout, memory, sarif, junit), jobs)
 
     _run_command(body)
 

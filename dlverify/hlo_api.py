@@ -144,6 +144,39 @@ class DumpModule:
     stage: str                      # "after SPMD partitioning" | "after optimizations"
 
 
+def verify_dump_module(mod: DumpModule, engine: EngineName = "auto", window: int = DEFAULT_WINDOW,
+                       custom_calls: str | Path | dict | None = None,
+                       cache_dir: Path | None = None, rules_dir: Path | None = None,
+                       patterns: Sequence[Pattern] | None = None) -> Result | None:
+    """One module of a dump folder (see verify_dump); None when it has no
+    per-device module or was not partitioned (one device). On its own so that
+    `check-dump --jobs N` verifies the modules in separate processes."""
+    from dlverify.frontends.hlo import root_output_relations
+    from dlverify.frontends.hlo.pairing import pair_modules
+
+    if mod.after is None:
+        return None
+    t0 = time.perf_counter()
+    dist_mod = read_hlo_module(mod.after)
+    n = (dist_mod.num_partitions or 1) * (dist_mod.replica_count or 1)
+    if n <= 1:
+        return None
+    seq_mod = read_hlo_module(mod.before)
+    problem = pair_modules(seq_mod, dist_mod, IdAllocator(), ranks=n,
+                           expected_outputs=root_output_relations(seq_mod, n),
+                           custom_calls=_registry(custom_calls), instruction_frames=True,
+                           name=f"{mod.name} (before optimizations vs {mod.stage})")
+    relate_elided_constants(problem)
+    return verify_problem(problem, engine=engine, window=window,
+                          timings={"parse": time.perf_counter() - t0}, cache_dir=cache_dir,
+                          rules_dir=rules_dir, patterns=patterns)
+
+
+def no_partitioned_module(dump_dir: str | Path) -> InputError:
+    return InputError("no SPMD-partitioned module in this folder (dump a program jitted "
+                      "with shardings over several devices)", str(dump_dir))
+
+
 def dump_modules(dump_dir: str | Path) -> list[DumpModule]:
     """Pair the files of an `--xla_dump_to` folder by module. Modules without a
     per-device module (never partitioned) have `after` None."""
@@ -215,30 +248,12 @@ def verify_dump(dump_dir: str | Path, engine: EngineName = "auto", window: int =
     partitioned (one device) are left out. `cache_dir`: the on-disk segment
     memo (dlverify/memo.py), shared by the modules; off when None. `rules_dir`: another
     rule set (a folder with a main.dl). `patterns`: as for verify_hlo."""
-    from dlverify.frontends.hlo import root_output_relations
-    from dlverify.frontends.hlo.pairing import pair_modules
-
     registry = _registry(custom_calls)
     results = []
     for mod in dump_modules(dump_dir):
-        if mod.after is None:
-            continue
-        t0 = time.perf_counter()
-        dist_mod = read_hlo_module(mod.after)
-        n = (dist_mod.num_partitions or 1) * (dist_mod.replica_count or 1)
-        if n <= 1:
-            continue
-        seq_mod = read_hlo_module(mod.before)
-        problem = pair_modules(seq_mod, dist_mod, IdAllocator(), ranks=n,
-                               expected_outputs=root_output_relations(seq_mod, n),
-                               custom_calls=registry, instruction_frames=True,
-                               name=f"{mod.name} (before optimizations vs {mod.stage})")
-        relate_elided_constants(problem)
-        res = verify_problem(problem, engine=engine, window=window,
-                             timings={"parse": time.perf_counter() - t0}, cache_dir=cache_dir,
-                             rules_dir=rules_dir, patterns=patterns)
-        results.append((mod.name, res))
+        res = verify_dump_module(mod, engine, window, registry, cache_dir, rules_dir, patterns)
+        if res is not None:
+            results.append((mod.name, res))
     if not results:
-        raise InputError("no SPMD-partitioned module in this folder (dump a program jitted "
-                         "with shardings over several devices)", str(dump_dir))
+        raise no_partitioned_module(dump_dir)
     return results

@@ -135,9 +135,7 @@ def run_case_task(job: CaseJob, reporter: Reporter = NULL_REPORTER) -> ItemRun:
 
 def run_hlo_task(job: HloJob, reporter: Reporter = NULL_REPORTER) -> list[ItemRun]:
     """Verify an HLO pair, or each partitioned module of a dump folder; render them."""
-    from dlverify.hlo_api import verify_dump, verify_hlo
-    from dlverify.reports.text import pair_text
-    from dlverify.verdict import CaseOutcome
+    from dlverify.hlo_api import dump_modules, verify_dump, verify_hlo
 
     reporter.phase("parse")
     t0 = time.perf_counter()
@@ -148,17 +146,51 @@ def run_hlo_task(job: HloJob, reporter: Reporter = NULL_REPORTER) -> list[ItemRu
                          cache_dir=job.cache_dir, rules_dir=job.rules_dir, patterns=job.patterns)
         items = [(f"{job.seq.name} vs {job.dist.name}", str(job.dist), res,
                   time.perf_counter() - t0)]
-    else:
-        out = verify_dump(job.dump_dir, engine=job.engine, custom_calls=job.custom_calls,
-                          cache_dir=job.cache_dir, rules_dir=job.rules_dir, patterns=job.patterns)
-        secs = (time.perf_counter() - t0) / max(1, len(out))
-        items = [(res.name or name, name, res, secs) for name, res in out]
+        return _render(items, job, reporter, many=False)
+    out = verify_dump(job.dump_dir, engine=job.engine, custom_calls=job.custom_calls,
+                      cache_dir=job.cache_dir, rules_dir=job.rules_dir, patterns=job.patterns)
+    secs = (time.perf_counter() - t0) / max(1, len(out))
+    items = [(res.name or name, name, res, secs) for name, res in out]
+    many = sum(m.after is not None for m in dump_modules(job.dump_dir)) > 1
+    return _render(items, job, reporter, many)
+
+
+def list_dump_task(dump_dir: Path, reporter: Reporter = NULL_REPORTER) -> list:
+    """The module pairs of a dump folder (hlo_api.DumpModule), for `check-dump --jobs N`."""
+    from dlverify.hlo_api import dump_modules
+
+    reporter.phase("parse")
+    return dump_modules(dump_dir)
+
+
+def run_dump_module_task(job: HloJob, module, many: bool,
+                         reporter: Reporter = NULL_REPORTER) -> list[ItemRun]:
+    """Verify one module pair of a dump folder (hlo_api.DumpModule) and render it as
+    run_hlo_task renders it within the folder: [] when it was not partitioned.
+    `many`: the folder has several candidate modules (--graph writes one file each)."""
+    from dlverify.hlo_api import verify_dump_module
+
+    reporter.phase("parse")
+    t0 = time.perf_counter()
+    res = verify_dump_module(module, engine=job.engine, custom_calls=job.custom_calls,
+                             cache_dir=job.cache_dir, rules_dir=job.rules_dir, patterns=job.patterns)
+    if res is None:
+        return []
+    items = [(res.name or module.name, module.name, res, time.perf_counter() - t0)]
+    return _render(items, job, reporter, many)
+
+
+def _render(items: list, job: HloJob, reporter: Reporter, many: bool) -> list[ItemRun]:
+    """The text report and the extras of verified HLO pairs (name, file, Result, seconds)."""
+    from dlverify.reports.text import pair_text
+    from dlverify.verdict import CaseOutcome
+
     reporter.phase("report")
     runs = []
     for i, (name, file, res, secs) in enumerate(items):
         o = CaseOutcome(name, file, "verified", res, seconds=secs)
         extras = job.extras
-        if extras.graph is not None and len(items) > 1:  # one file per module
+        if extras.graph is not None and many:  # one file per module
             g = extras.graph
             extras = Extras(extras.explain, extras.witness,
                             g.with_name(f"{g.stem}.{_file_safe(file) or i}{g.suffix}"),

@@ -11,12 +11,10 @@ from collections.abc import Callable
 
 from dlverify.cli_checks import engine_ok, pattern_set, writable_dir
 from dlverify.errors import InputError
+from dlverify.jobs import jobs_ok
 from dlverify.zoo.cache import default_cache_dir
 from dlverify.zoo.items import ItemLimits, entries_of
 from dlverify.zoo.runner import EXIT_INPUT, ZooOptions, run_zoo
-
-MAX_JOBS = 256
-
 
 @dataclass(frozen=True)
 class ZooArgs:
@@ -40,8 +38,7 @@ def options_of(args: ZooArgs) -> ZooOptions:
     from dlverify.supervise import check_seconds, parse_memory
 
     engine_ok(args.engine)
-    if not 1 <= args.jobs <= MAX_JOBS:
-        raise InputError(f"--jobs {args.jobs}: expected 1..{MAX_JOBS}")
+    jobs_ok(args.jobs)
     check_seconds(args.timeout)
     memory = parse_memory(args.max_memory) if args.max_memory is not None else None
     cache_dir = args.cache_dir or default_cache_dir()
