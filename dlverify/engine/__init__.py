@@ -6,7 +6,8 @@ translation of the subset. Both return the same Python values: ints, strs, recor
 nested tuples with `nil` as None.
 
 The rules are parsed, checked and translated once per rule text (segmented runs call
-`run_program` once per window): `_loaded` keeps them keyed by the files' contents.
+`run_program` once per window): `_LOADED` keeps them keyed by the files' contents, and
+rules_cache.py keeps the installed rules' parse on disk between runs.
 
 Engine choice (`auto`, measured in bench/bench_verify.py, README "Engines"): Soufflé when
 its compiled binary for the current rules is already cached (a compiled run starts in
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Mapping, Sequence
 
-from dlverify.engine import clingo_runner, souffle_runner
+from dlverify.engine import clingo_runner, rules_cache, souffle_runner
 from dlverify.engine.dialect import Program, parse_program
 from dlverify.engine.facts_io import sort_rows, validate_rows, write_facts_dir
 from dlverify.engine.translate import Translation
@@ -55,21 +56,20 @@ class LoadedRules:
 _LOADED: dict[Path, LoadedRules] = {}  # main .dl (resolved) -> its rules; a few entries per process
 
 
-def _unchanged(rules: LoadedRules) -> bool:
-    try:
-        return all(p.read_bytes() == text for p, text in rules.texts.items())
-    except OSError:
-        return False
-
-
 def load_rules(main_dl: Path) -> LoadedRules:
-    """Parse and check `main_dl` once per content of its files (re-read and compared per call)."""
+    """Parse and check `main_dl` once per content of its files (re-read and compared per
+    call); the installed rules' parse is also kept between runs (rules_cache.py)."""
     key = Path(main_dl).resolve()
     rules = _LOADED.get(key)
-    if rules is not None and _unchanged(rules):
+    if rules is not None and rules_cache.same_bytes(rules.texts):
         return rules
-    program = parse_program(key)
-    rules = LoadedRules(program, {p: p.read_bytes() for p in program.files})
+    stored = rules_cache.load(key)
+    if stored is not None:
+        rules = LoadedRules(*stored)
+    else:
+        program = parse_program(key)
+        rules = LoadedRules(program, {p: p.read_bytes() for p in program.files})
+        rules_cache.store(key, program, rules.texts)
     if len(_LOADED) >= 8:
         _LOADED.pop(next(iter(_LOADED)))
     _LOADED[key] = rules
