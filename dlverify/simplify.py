@@ -41,11 +41,19 @@ is about the same functions:
   dim 1 and `dot(x, transpose(k))` contracting its dim 0 meet as the latter,
   and a transpose into a dot that only undid the operand's order vanishes.
 
+More rules are in dlverify/simplify_forms.py: values computed twice (also
+with a commutative op's operands swapped) computed once, size-1 dims deleted
+around dots and broadcasts kept in them (a size-1 dim of each dot operand
+becomes a batch dim), a transpose that swaps a dot's free dims as the dot of
+the swapped operands (transposes move before all-reduces to meet it), and a
+reduction over whole groups of a reshape as the reduction of its operand.
+
 Every rewrite must be confluent: it may only make the two sides more alike,
-whatever the other side does around it. Folding a reshape into a reduction
-is not (the partial tags name the sequential reduction's axes, and a side
-whose reshape sits behind a collective keeps its own), so XLA's reshape-into-
-reduce stays a known gap.
+whatever the other side does around it. A rewrite that reads an op's producer
+cannot see through a collective, so each moves toward the form the optimised,
+partitioned side has (reshapes toward the outputs, out of dots, folded into
+reductions) and leaves alone what it cannot bring there; simplify_forms.py
+says where its rules stay incomplete.
 
 It runs on HLO pairs (`Problem.normal_form`, set by frontends/hlo/pairing.py:
 `check`, `check-dump`, jit with shardings), whose distributed module an
@@ -65,7 +73,8 @@ import numpy as np
 
 from dlverify.ir import FoldedOp, Graph, IdAllocator, Op
 from dlverify.ops.table import KINDS, Family
-from dlverify.rewrites import _drop_newly_dead, _Rewriter, _unused
+from dlverify.rewrites import _drop_newly_dead, _unused
+from dlverify.simplify_forms import _FormRules
 
 # op kind -> (neutral value, operand positions it may take)
 _NEUTRAL: dict[str, tuple[float, tuple[int, ...]]] = {
@@ -75,9 +84,10 @@ _NEUTRAL: dict[str, tuple[float, tuple[int, ...]]] = {
 _PASSES = 6
 
 
-class _Simplifier(_Rewriter):
+class _Simplifier(_FormRules):
     """One pass (`run`) in op order, so every producer is seen before its readers;
-    op creation, aliases and folds as in rewrites._Rewriter."""
+    op creation, aliases and folds as in rewrites._Rewriter; the rules of
+    dlverify/simplify_forms.py too."""
 
     def splat(self, t: int) -> float | None:
         """The one value tensor t holds everywhere, when it is a constant or a
@@ -486,8 +496,12 @@ class _Simplifier(_Rewriter):
                     or self.exact_scaling(op) or self.mask_product(op)
                     or self.negative_power(op)
                     or self.dot_layout(op) or self.sink_reshape(op)
+                    or self.unit_dims_into_dot(op) or self.unit_dims_batched(op)
+                    or self.unit_dims_into_broadcast(op) or self.swapped_dot(op)
+                    or self.transpose_into_all_reduce(op)
                     or self.sink_dot_reshape(op) or self.split_contraction(op)
-                    or self.negated_sum(op)):
+                    or self.negated_sum(op)
+                    or self.reduce_of_reshape(op) or self.common_value(op)):
                 changed = True
                 continue
             self.out.append(op)

@@ -26,6 +26,10 @@ MUTATIONS = {
                 "fusion(%param, %reduce_divide_fusion)"),
     "gpt2_forward": ("subtract(%add.168, %sub.91)", "subtract(%param_1.89, %sub.91)"),
     "llama3_forward": ("power(%broadcast.65, %negate.1)", "power(%broadcast.65, %multiply.31)"),
+    "layer_norm_grad": ("add(%add_any.14, %mul.69)", "add(%add_any.14, %mul.72)"),
+    "llama3_kv1_forward": ("transpose(%multiply.28), dimensions={0,1,4,2,3}",
+                           "transpose(%multiply.28), dimensions={0,1,3,2,4}"),
+    "reshape_sum": ("copy(%param_0.2)", "multiply(%param_0.2, %param_0.2)"),
 }
 
 
@@ -43,6 +47,16 @@ def reshape_sum(y):
 
 def mlp(x, w1, w2):
     return jax.nn.gelu(x @ w1) @ w2
+
+
+def layer_norm_grad(x, g):
+    """The gradient in x of a LayerNorm written as GPT-2 writes it (`xc * xc`: its
+    transpose adds xc * ct and ct * xc, XLA computes the product once)."""
+    def loss(x, g):
+        xc = x - jnp.mean(x, axis=-1, keepdims=True)
+        var = jnp.mean(xc * xc, axis=-1, keepdims=True)
+        return jnp.sum(jnp.tanh(xc * jax.lax.rsqrt(var + 1e-5) * g))
+    return jax.grad(loss)(x, g)
 
 
 def model_programs():
@@ -84,6 +98,7 @@ def main() -> None:
                                   put((8, 16), P())]),
         "reshape_sum": (reshape_sum, [put((8, 16, 4), P(None, None, "x"))]),
         "mlp": (mlp, [put((8, 16), P()), put((16, 32), P(None, "x")), put((32, 16), P("x", None))]),
+        "layer_norm_grad": (layer_norm_grad, [put((8, 16), P("x", None)), put((16,), P())]),
         **model_programs(),
     }
     for name, (fn, args) in programs.items():

@@ -1,0 +1,320 @@
+"""More of the algebraic normal form (dlverify/simplify.py, whose `_Simplifier`
+runs these rules in its pass): values computed twice, size-1 dims that an
+optimiser deletes around dots, transposed dots, and reshapes folded into
+reductions.
+
+* common values: two ops of one pure kind with the same params and the same
+  operands (as a multiset for a commutative kind: add, mul, max, min, and, or,
+  xor, eq, ne) compute one value; the later one is folded into the earlier.
+  A program's autodiff writes `x*y + y*x` (the LayerNorm backward's add_any
+  of two products); XLA computes the product once and adds it twice.
+* size-1 dims stay in dots: a dot operand that is a reshape only deleting
+  size-1 dims is replaced by the reshape's operand, those dims free dims of the
+  dot, its result reshaped to delete them again; a dot with a size-1 free dim
+  in each operand batches over the pair; a broadcast of a reshape deleting
+  size-1 dims broadcasts the reshape's operand. With one KV head per rank XLA
+  deletes the size-1 group dim around the attention dots and the softmax's
+  row statistics; the program batches over the group dim, of which a rank
+  holds a block of size 1. A size-1 dim of one operand only stays free.
+* transposed dots: a transpose putting a dot's rhs free dims before its lhs
+  free dims is the dot of the swapped operands (the program's weight gradient
+  is transpose(dy^T x), XLA's x^T dy), and a transpose of an all-reduce is the
+  all-reduce of the transpose, so a dot summed over ranks before its transpose
+  meets it too.
+* reductions read no reshape of whole groups: a reduction over dims of a
+  reshape that are whole groups of it (a run of the operand's dims reshaped
+  into a run of the result's dims, e.g. [8, 16, 4] -> [8, 64] reducing dim 1)
+  is the reduction of the operand over those groups' dims, when the dims kept
+  are kept unchanged: XLA folds the reshape into a two-axis reduce, the
+  program reshapes, then reduces. A side that reshapes its block, then reduces
+  it, reduces the block over the operand's dims, whose partial tags the other
+  side's reduction then has. Incomplete where a collective sits between one
+  side's reshape and its reduction (all_gather(reshape(block)) reduced): that
+  reshape is no reduction's operand, while the other side's is folded away.
+
+Each is an identity of real arithmetic or of data movement, applied to both
+graphs alike; tests/test_simplify.py checks each numerically and where it
+must not fire.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from dlverify.ir import Graph, IdAllocator, Op
+from dlverify.ops.table import KINDS, Family
+from dlverify.rewrites import _Rewriter
+
+# kinds whose value does not depend on operand order
+_COMMUTATIVE = frozenset({"add", "mul", "max", "min", "and", "or", "xor", "eq", "ne"})
+# families whose ops may be merged: not collectives (channels, ranks), opaque ops
+# (custom calls, random bits) or sources (constants are compared by value elsewhere)
+_MERGED_FAMILIES = frozenset({Family.ELEMENTWISE, Family.LAYOUT, Family.REDUCTION,
+                              Family.CONTRACTION, Family.SCAN, Family.SORT})
+# reductions of a set of elements (not argmax/argmin, which name positions)
+_SET_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod",
+                             "reduce_and", "reduce_or", "reduce_xor"})
+
+
+def _frozen(v: object) -> object:
+    """A hashable stand-in for a params value (equal values, equal stand-ins)."""
+    if isinstance(v, dict):
+        return tuple(sorted((k, _frozen(x)) for k, x in v.items()))
+    if isinstance(v, (list, tuple)):
+        return tuple(_frozen(x) for x in v)
+    if isinstance(v, np.ndarray):
+        return ("array", v.dtype.str, v.shape, v.tobytes())
+    if isinstance(v, np.generic):
+        return ("scalar", v.dtype.str, v.tobytes())
+    hash(v)                          # anything else must be hashable as it is
+    return v
+
+
+def _unit_deletion(src: tuple[int, ...], to: tuple[int, ...]) -> tuple[list[int], list[int]] | None:
+    """When `to` is `src` with some size-1 dims deleted: for each dim of `to` the
+    dim of `src` it is, and the deleted dims of `src`; else None."""
+    if len(src) <= len(to):
+        return None
+    kept, deleted, j = [], [], 0
+    for i, size in enumerate(src):
+        if j < len(to) and size == to[j]:
+            kept.append(i)
+            j += 1
+        elif size == 1:
+            deleted.append(i)
+        else:
+            return None
+    return (kept, deleted) if j == len(to) else None
+
+
+def _reshape_groups(src: tuple[int, ...], to: tuple[int, ...]
+                    ) -> list[tuple[list[int], list[int]]] | None:
+    """A row-major reshape as its smallest independent groups: runs of `src`'s
+    dims and runs of `to`'s dims of equal element counts, in order (a size-1
+    dim joins the group being built; a group may have no dims on one side only
+    when it is size-1 dims)."""
+    groups: list[tuple[list[int], list[int]]] = []
+    i = j = 0
+    while i < len(src) or j < len(to):
+        gs: list[int] = []
+        gt: list[int] = []
+        ps = pt = 1
+        while True:
+            if (not gs or ps < pt) and i < len(src):
+                gs.append(i)
+                ps *= src[i]
+                i += 1
+            elif (not gt or pt < ps) and j < len(to):
+                gt.append(j)
+                pt *= to[j]
+                j += 1
+            else:
+                break
+        if ps != pt:
+            return None
+        groups.append((gs, gt))
+    return groups
+
+
+class _FormRules(_Rewriter):
+    """The rules above, for `_Simplifier` (dlverify/simplify.py) to run in its pass."""
+
+    def __init__(self, graph: Graph, ids: IdAllocator) -> None:
+        super().__init__(graph, ids)
+        self.computed: dict[object, int] = {}     # an op's value key -> its tensor
+
+    def common_value(self, op: Op) -> bool:
+        """Fold `op` into an earlier op computing the same value, else remember it."""
+        kind = KINDS[op.kind]
+        if kind.family not in _MERGED_FAMILIES or kind.local is None or not op.inputs:
+            return False
+        ins = tuple(sorted(op.inputs)) if op.kind in _COMMUTATIVE else tuple(op.inputs)
+        out = self.g.tensors[op.output]
+        try:
+            key = (op.kind, ins, _frozen(op.params), out.shape, out.dtype)
+        except TypeError:
+            return False                  # a params value without equality: never merged
+        earlier = self.computed.get(key)
+        if earlier is None or earlier == op.output:
+            self.computed[key] = op.output
+            return False
+        return self.fold(op, earlier)
+
+    def unit_dims_into_dot(self, op: Op) -> bool:
+        """A dot operand that is a reshape deleting size-1 dims is replaced by the
+        reshape's operand, those dims free dims of the dot; the result is reshaped
+        to delete them again."""
+        if op.kind != "dot_general" or len(op.inputs) != 2:
+            return False
+        p = op.params
+        sides = []
+        for t in op.inputs:
+            r = self.producer.get(t)
+            found = None if r is None or r.kind != "reshape" else \
+                _unit_deletion(self.shape(r.inputs[0]), self.shape(t))
+            sides.append((t, list(range(len(self.shape(t))))) if found is None
+                         else (r.inputs[0], found[0]))
+        if all(src == t for (src, _), t in zip(sides, op.inputs)):
+            return False
+        (lsrc, lmap), (rsrc, rmap) = sides
+        q = dict(p)
+        for key, dims in (("lhs", lmap), ("rhs", rmap)):
+            for role in ("batch", "contract"):
+                q[f"{key}_{role}"] = tuple(dims[d] for d in p[f"{key}_{role}"])
+        return self._dot_then_unit_reshape(op, [lsrc, rsrc], q)
+
+    def unit_dims_batched(self, op: Op) -> bool:
+        """A dot whose operands each have a size-1 free dim batches over the pair
+        (one of each, in order); the result is reshaped to the dot's shape (only
+        size-1 dims move). The program batches over a dim (KV groups) whose block
+        on a rank is size 1; XLA's dot, which deleted it, has it back as a free
+        dim of each operand (`unit_dims_into_dot`)."""
+        if op.kind != "dot_general" or len(op.inputs) != 2:
+            return False
+        p = op.params
+        free = []
+        for side, key in ((0, "lhs"), (1, "rhs")):
+            shape = self.shape(op.inputs[side])
+            free.append([d for d in range(len(shape)) if shape[d] == 1
+                         and d not in p[f"{key}_batch"] and d not in p[f"{key}_contract"]])
+        if not free[0] or not free[1]:
+            return False
+        lb, rb = list(p["lhs_batch"]), list(p["rhs_batch"])
+        for dl, dr in zip(*free):
+            # among the batch dims by its lhs position when those are in lhs order
+            # (as a program's einsum lists them), else last
+            at = sum(1 for d in lb if d < dl) if lb == sorted(lb) else len(lb)
+            lb.insert(at, dl)
+            rb.insert(at, dr)
+        q = dict(p)
+        q["lhs_batch"], q["rhs_batch"] = tuple(lb), tuple(rb)
+        return self._dot_then_unit_reshape(op, list(op.inputs), q)
+
+    def unit_dims_into_broadcast(self, op: Op) -> bool:
+        """A broadcast_in_dim of a reshape deleting size-1 dims broadcasts the
+        reshape's operand, each deleted dim to the first size-1 result dim
+        between its neighbours' (none: the reshape stays; a size-1 dim broadcast
+        along a longer one is not the form the rules read, a splat is): XLA
+        deletes the size-1 group dim of a rank's block before broadcasting it
+        back."""
+        if op.kind != "broadcast_in_dim":
+            return False
+        r = self.producer.get(op.inputs[0])
+        if r is None or r.kind != "reshape":
+            return False
+        src = self.shape(r.inputs[0])
+        found = _unit_deletion(src, self.shape(r.output))
+        dims = list(op.params["broadcast_dimensions"])
+        if found is None or dims != sorted(dims):
+            return False
+        kept, _ = found
+        out = self.shape(op.output)
+        at = dict(zip(kept, dims))                  # src dim -> result dim
+        new_dims, low = [], -1
+        for i in range(len(src)):
+            if i in at:
+                low = at[i]
+                new_dims.append(low)
+                continue
+            high = next((at[k] for k in kept if k > i), len(out))
+            ones = [d for d in range(low + 1, high) if out[d] == 1 and d not in dims]
+            if not ones:
+                return False
+            low = ones[0]
+            new_dims.append(low)
+        q = dict(op.params)
+        q["broadcast_dimensions"] = tuple(new_dims)
+        self.new_op("broadcast_in_dim", [r.inputs[0]], out, self.g.tensors[op.output].dtype, q,
+                    op, output=op.output)
+        return True
+
+    def _dot_then_unit_reshape(self, op: Op, ins: list[int], q: dict) -> bool:
+        """`op` as the dot of `ins` with params q, whose result differs from op's by
+        size-1 dims only, reshaped to op's shape."""
+        lshape, rshape = self.shape(ins[0]), self.shape(ins[1])
+        lfree = [d for d in range(len(lshape)) if d not in q["lhs_batch"]
+                 and d not in q["lhs_contract"]]
+        rfree = [d for d in range(len(rshape)) if d not in q["rhs_batch"]
+                 and d not in q["rhs_contract"]]
+        new_out = tuple([lshape[d] for d in q["lhs_batch"]] + [lshape[d] for d in lfree]
+                        + [rshape[d] for d in rfree])
+        out = self.shape(op.output)
+        if [s for s in new_out if s != 1] != [s for s in out if s != 1]:
+            raise AssertionError(f"a size-1 dim moved a dim of the dot: {new_out} vs {out}")
+        dtype = self.g.tensors[op.output].dtype
+        inner = self.new_op("dot_general", ins, new_out, dtype, q, op)
+        self.new_op("reshape", [inner], out, dtype, {}, op, output=op.output)
+        return True
+
+    def swapped_dot(self, op: Op) -> bool:
+        """A transpose that puts a dot's rhs free dims before its lhs free dims
+        (batch dims in place, each group in its order) is the dot with its
+        operands swapped: the program's weight gradient is transpose(dy^T x),
+        XLA's is x^T dy."""
+        if op.kind != "transpose":
+            return False
+        d = self.producer.get(op.inputs[0])
+        if d is None or d.kind != "dot_general" or len(d.inputs) != 2:
+            return False
+        p = d.params
+        nb = len(p["lhs_batch"])
+        nl = len(self.shape(d.inputs[0])) - nb - len(p["lhs_contract"])
+        nr = len(self.shape(d.inputs[1])) - nb - len(p["rhs_contract"])
+        swap = tuple(range(nb)) + tuple(range(nb + nl, nb + nl + nr)) + tuple(range(nb, nb + nl))
+        if nl == 0 or nr == 0 or tuple(op.params["permutation"]) != swap:
+            return False
+        q = dict(p)
+        for role in ("batch", "contract"):
+            q[f"lhs_{role}"], q[f"rhs_{role}"] = p[f"rhs_{role}"], p[f"lhs_{role}"]
+        # (at the dot's source: a failure there is the dot's, e.g. its partial sums)
+        self.new_op("dot_general", [d.inputs[1], d.inputs[0]], self.shape(op.output),
+                    self.g.tensors[op.output].dtype, q, d, output=op.output)
+        return True
+
+    def transpose_into_all_reduce(self, op: Op) -> bool:
+        """A transpose of an all-reduce is the all-reduce of the transpose (each
+        rank permutes its positions alike, and the reduction is position by
+        position): transposes meet the dot they belong to (`swapped_dot`) where
+        the program sums a dot's partial results first (a weight gradient over a
+        split contraction dim)."""
+        if op.kind != "transpose":
+            return False
+        ar = self.producer.get(op.inputs[0])
+        if ar is None or ar.kind != "all_reduce" or len(ar.inputs) != 1:
+            return False
+        x = ar.inputs[0]
+        dtype = self.g.tensors[op.output].dtype
+        t = self.new_op("transpose", [x], self.shape(op.output), dtype, op.params, op)
+        self.new_op("all_reduce", [t], self.shape(op.output), dtype, ar.params, ar,
+                    output=op.output)
+        return True
+
+    def reduce_of_reshape(self, op: Op) -> bool:
+        """A reduction over whole groups of a reshape, the other groups unchanged, is
+        the reduction of the reshape's operand over those groups' dims."""
+        if op.kind not in _SET_REDUCTIONS:
+            return False
+        r = self.producer.get(op.inputs[0])
+        if r is None or r.kind != "reshape":
+            return False
+        src, to = self.shape(r.inputs[0]), self.shape(r.output)
+        groups = _reshape_groups(src, to)
+        if groups is None:
+            return False
+        axes = set(op.params["axes"])
+        new_axes: list[int] = []
+        for gs, gt in groups:
+            if all(d in axes for d in gt):           # reduced whole (or size-1 dims only)
+                new_axes.extend(gs)
+            elif any(d in axes for d in gt) or [src[d] for d in gs] != [to[d] for d in gt]:
+                return False                          # partly reduced, or a kept dim reshaped
+        out = self.shape(op.output)
+        if tuple(s for d, s in enumerate(src) if d not in new_axes) != out:
+            return False
+        q = dict(op.params)
+        q["axes"] = tuple(new_axes)
+        self.new_op(op.kind, [r.inputs[0]], out, self.g.tensors[op.output].dtype, q, op,
+                    output=op.output)
+        return True
+
+
+__all__ = ["_FormRules"]
