@@ -51,7 +51,8 @@ def read_hlo_module(path: str | Path) -> "HloModule":
 def hlo_problem(seq_path: str | Path, dist_path: str | Path, spec: Spec | None,
                 ranks: int | None, ids: IdAllocator, *, custom_calls: dict | None = None,
                 instruction_frames: bool = True,
-                records: "PairingRecord | None" = None) -> Problem:
+                records: "PairingRecord | None" = None,
+                choice: dict[int, int] | None = None) -> Problem:
     """The Problem of a sequential and a distributed (SPMD, one program per rank)
     HLO text file, paired by `frontends.hlo.pairing.pair_modules`: parameters
     by number, outputs by position in the ENTRY root tuple. `ranks`: the
@@ -59,13 +60,15 @@ def hlo_problem(seq_path: str | Path, dist_path: str | Path, spec: Spec | None,
     num_partitions * replica_count. `instruction_frames`: ops are located at
     their instruction's line in the file first, then at the user frames of
     their metadata (see hlo_to_graph). `records`: filled with what the pairing
-    decided (frontends.hlo.pairing.PairingRecord)."""
+    decided (frontends.hlo.pairing.PairingRecord); `choice`: the candidate relation
+    taken per parameter the shapes leave open (dlverify/trial.py)."""
     from dlverify.frontends.hlo.pairing import pair_modules
 
     seq_mod, dist_mod = read_hlo_module(seq_path), read_hlo_module(dist_path)
     return pair_modules(seq_mod, dist_mod, ids, ranks=ranks, spec=spec,
                         custom_calls=custom_calls, instruction_frames=instruction_frames,
-                        name=f"{Path(seq_path).name} vs {Path(dist_path).name}", records=records)
+                        name=f"{Path(seq_path).name} vs {Path(dist_path).name}", records=records,
+                        choice=choice)
 
 
 def relate_elided_constants(problem: Problem) -> None:
@@ -109,14 +112,28 @@ def verify_hlo(seq_path: str | Path, dist_path: str | Path, spec_path: str | Pat
     `cache_dir`: the on-disk segment memo (dlverify/memo.py), off when None;
     `rules_dir`: another rule set (a folder with a main.dl), checked against the schema;
     `patterns`: the bug patterns matched on a failure (None: the shipped ones)."""
-    t0 = time.perf_counter()
+    from dlverify.trial import verify_by_trial
+
+    t_spec = time.perf_counter()
     spec = load_spec(spec_path) if spec_path is not None else None
-    problem = hlo_problem(seq_path, dist_path, spec, ranks, IdAllocator(),
-                          custom_calls=_registry(custom_calls))
-    relate_elided_constants(problem)
-    return verify_problem(problem, engine=engine, window=window, keep_facts=keep_facts,
-                          timings={"parse": time.perf_counter() - t0}, cache_dir=cache_dir,
-                          rules_dir=rules_dir, patterns=patterns)
+    registry = _registry(custom_calls)
+    spec_seconds = time.perf_counter() - t_spec
+
+    parse_seconds: dict[int, float] = {}   # per problem built (by id): its own parse time
+
+    def build(choice: dict[int, int], records: "PairingRecord") -> Problem:
+        t0 = time.perf_counter()
+        problem = hlo_problem(seq_path, dist_path, spec, ranks, IdAllocator(),
+                              custom_calls=registry, records=records, choice=choice)
+        relate_elided_constants(problem)
+        parse_seconds[id(problem)] = time.perf_counter() - t0 + spec_seconds
+        return problem
+
+    def verify(problem: Problem) -> Result:
+        return verify_problem(problem, engine=engine, window=window, keep_facts=keep_facts,
+                              timings={"parse": parse_seconds[id(problem)]}, cache_dir=cache_dir,
+                              rules_dir=rules_dir, patterns=patterns)
+    return verify_by_trial(build, verify).result
 
 
 def _registry(custom_calls: str | Path | dict | None) -> dict | None:

@@ -6,6 +6,7 @@ distributed tensor's shape. Replicated is the block at offset 0 of full size.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -104,6 +105,19 @@ def padded_split_dim(seq_shape: Sequence[int], dist_shape: Sequence[int], ranks:
             and dist_shape[diff[0]] == -(-seq_shape[diff[0]] // ranks):
         return diff[0]
     return None
+
+
+def reshaped_split_dims(seq_shape: Sequence[int], dist_shape: Sequence[int],
+                        ranks: int) -> list[int | None]:
+    """The relations under which `dist_shape` holds, reshaped row-major, as many
+    elements as its block of `seq_shape`: None for the whole value (replicated), or
+    each dim that `ranks` divides (an even split along it). Empty when neither fits."""
+    total, local = math.prod(seq_shape), math.prod(dist_shape)
+    if local == total:
+        return [None]
+    if local * ranks != total:
+        return []
+    return [d for d, s in enumerate(seq_shape) if s % ranks == 0]
 
 
 def split_dim_of(rel: BlockRelation, ranks: int) -> int | None:

@@ -52,6 +52,14 @@ entry `"sum"` (`"mean"`) says the sequential output is the sum (the mean) of
 the ranks' outputs, e.g. a data-parallel step whose gradients are reduced
 outside the module; it is stated as an all-reduce (and a division by the rank
 count) appended to the distributed output.
+
+Reshaped parameters. `reshaped = true` in a split or replicated table says the
+distributed parameter holds its block (or the whole value) reshaped row-major
+to the shape the distributed module declares (the same number of elements),
+e.g. a weight handed over flattened: `3 = { split = 1, reshaped = true }`. It is
+stated as a `reshape` of a fresh block-shaped input in the distributed graph.
+Without a spec entry, a parameter whose shapes fit several such relations gets
+the first candidate that makes the pair verify (dlverify/trial.py, listed).
 """
 from __future__ import annotations
 
@@ -76,19 +84,25 @@ class ParamSpec:
     line: int = 0
     dist: int | None = None
     pad: str | None = None                     # a padded split: "zero" | "any" (PAD_FORMS)
+    # The distributed parameter holds its block (or the whole value) reshaped
+    # row-major to the shape the distributed module declares.
+    reshaped: bool = False
 
     def describe(self) -> str:
         """The entry in messages: the bare kind, or the TOML table of a split."""
-        return self.kind if self.kind in ("replicated", "rank0_only") else self.toml()
+        plain = self.kind in ("replicated", "rank0_only") and not self.reshaped
+        return self.kind if plain else self.toml()
 
     def toml(self) -> str:
         """The entry as `[params]` TOML (what `dlverify spec` writes)."""
         dist = f", dist = {self.dist}" if self.dist is not None else ""
+        reshaped = ", reshaped = true" if self.reshaped else ""
         if self.kind in ("replicated", "rank0_only"):
-            return f"{{ {self.kind} = true{dist} }}" if dist else f'"{self.kind}"'
+            return (f"{{ {self.kind} = true{reshaped}{dist} }}" if dist or reshaped
+                    else f'"{self.kind}"')
         seg = f", segments = {list(self.segments)}" if self.segments else ""
         pad = f', pad = "{self.pad}"' if self.pad else ""
-        return f"{{ split = {self.dim}{seg}{pad}{dist} }}"
+        return f"{{ split = {self.dim}{seg}{pad}{reshaped}{dist} }}"
 
 
 @dataclass(frozen=True)
@@ -223,7 +237,7 @@ def parse_spec(text: str, file: str) -> Spec:
 
 _PARAM_FORMS = ('"replicated", "rank0_only", { split = DIM } (optionally with segments = [...] '
                 'or pad = "zero" | "any") or { replicated = true }, each table optionally with '
-                'dist = J')
+                'dist = J, split and replicated tables with reshaped = true')
 # A padded split: blocks of ceil(n / ranks), the last ones padded past the end with
 # zeros, or with values nothing is known of.
 PAD_FORMS = ("zero", "any")
@@ -240,13 +254,20 @@ def _param_entry(entry: _Entry, file: str) -> ParamSpec:
     if dist is not None and (not _int(dist) or dist < 0):
         raise InputError(f"parameter {n}: dist must be a parameter number >= 0, got {dist!r}",
                          file, line)
-    body = {k: v for k, v in val.items() if k != "dist"}
+    body = {k: v for k, v in val.items() if k not in ("dist", "reshaped")}
+    reshaped = val.get("reshaped", False)
+    if reshaped is not True and reshaped is not False:
+        raise InputError(f"parameter {n}: reshaped must be true or false, got {reshaped!r}",
+                         file, line)
     for kind in ("replicated", "rank0_only"):
         if set(body) == {kind}:
             if body[kind] is not True:
                 raise InputError(f"parameter {n}: {kind} must be true, got {body[kind]!r}",
                                  file, line)
-            return ParamSpec(kind, line=line, dist=dist)
+            if reshaped and kind == "rank0_only":
+                raise InputError(f"parameter {n}: reshaped is not given with rank0_only",
+                                 file, line)
+            return ParamSpec(kind, line=line, dist=dist, reshaped=reshaped)
     extra = set(body) - {"split", "segments", "pad"}
     if extra or "split" not in body:
         raise InputError(f"parameter {n}: expected {_PARAM_FORMS}, got keys {sorted(val)}",
@@ -265,7 +286,9 @@ def _param_entry(entry: _Entry, file: str) -> ParamSpec:
     if pad is not None and (pad not in PAD_FORMS or segs is not None):
         raise InputError(f"parameter {n}: pad must be \"zero\" or \"any\", and not given with "
                          f"segments, got {pad!r}", file, line)
-    return ParamSpec("split", dim, segs, line, dist, pad)
+    if reshaped and (pad is not None or segs is not None):
+        raise InputError(f"parameter {n}: reshaped is not given with segments or pad", file, line)
+    return ParamSpec("split", dim, segs, line, dist, pad, reshaped)
 
 
 def _dist_only_entry(entry: _Entry, file: str) -> DistOnlySpec:

@@ -12,6 +12,8 @@ trusted:
   rank * k)` of a replicated input b, as XLA's partitioner writes it, or with
   padding of unknown values `dynamic_slice(concatenate(b, junk), rank * k)`,
   junk being each rank's block of a fresh input no other op reads;
+* a reshaped parameter: the distributed parameter is the row-major `reshape`
+  of a fresh input holding the block (or the whole value);
 * a rank-id parameter: the distributed parameter is the rank (`axis_index`);
 * a scalar stated by value: the distributed parameter is that constant;
 * an output that is the sum (mean) of the ranks' outputs: an all-reduce (and a
@@ -123,7 +125,21 @@ def reduce_output(graph: Graph, ids: IdAllocator, pos: int, ranks: int, mean: bo
     graph.outputs[pos] = total
 
 
-__all__ = ["segment_input", "reduce_output", "rank0_only_input", "rank_id_value", "constant_value",
+def reshaped_input(graph: Graph, ids: IdAllocator, tensor: int, block_shape: tuple[int, ...],
+                   name: str, loc: SourceLoc) -> int:
+    """Make `tensor` (an input of the distributed graph) the row-major reshape of a
+    fresh input of `block_shape` (the same number of elements), which takes its place
+    among the inputs; returns the fresh input."""
+    t = graph.tensors[tensor]
+    b = _builder(graph, ids)
+    block = b.tensor(block_shape, t.dtype, f"{name}.block")
+    b.op("reshape", [block], t.shape, t.dtype, {}, loc, name, output=tensor)
+    graph.ops[0:0] = b.graph.ops
+    graph.inputs[graph.inputs.index(tensor)] = block
+    return block
+
+
+__all__ = ["segment_input", "reshaped_input", "reduce_output", "rank0_only_input", "rank_id_value", "constant_value",
            "opaque_value"]
 
 

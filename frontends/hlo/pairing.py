@@ -25,7 +25,7 @@ modules of an XLA dump folder (`check-dump`), and a `jax.jit` with shardings
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -35,6 +35,7 @@ from dlverify.frontends.hlo.boundary import (
     padded_split_input,
     rank0_only_input,
     rank_id_value,
+    reshaped_input,
     reduce_output,
     segment_input,
 )
@@ -58,6 +59,7 @@ from dlverify.relations import (
     even_split_dim,
     padded_split_dim,
     replicated,
+    reshaped_split_dims,
     split_dim_of,
     split_relation,
 )
@@ -104,6 +106,9 @@ class PairingRecord:
 
     rank_evidence: str = ""
     params: list[ParamRecord] = field(default_factory=list)
+    # The candidate relations of each sequential parameter that had several (by
+    # number, labels in order), for dlverify/trial.py.
+    candidates: dict[int, list[str]] = field(default_factory=dict)
 
 
 def _shape_str(shape: tuple[int, ...], dtype: str = "") -> str:
@@ -172,6 +177,9 @@ def _pair_params(seq: Graph, sp: list[HloParam], dist: Graph, dp: list[HloParam]
         annotated = b.relation is not None and b.relation.seq_shape == a.shape
         return a.dtype == b.dtype and (a.number in spec_params or annotated
                                        or shapes_compatible(a.shape, b.shape, n))
+
+    def fits_reshaped(a: HloParam, b: HloParam) -> bool:   # only where nothing else pairs
+        return fits(a, b) or (a.dtype == b.dtype and bool(reshaped_split_dims(a.shape, b.shape, n)))
     by_num = {b.number: b for b in dp}
     if len(free_s) == len(free_d) and all(a.number == b.number and fits(a, b)
                                            for a, b in zip(free_s, free_d)):
@@ -179,6 +187,8 @@ def _pair_params(seq: Graph, sp: list[HloParam], dist: Graph, dp: list[HloParam]
         why: dict[int, str] = {}
     else:
         found = match_params(free_s, free_d, seq, dist, fits)
+        if found.unpaired_dist:
+            found = match_params(free_s, free_d, seq, dist, fits_reshaped)
         chosen = {m.seq: by_num[m.dist] for m in found.matches}
         why = {m.seq: m.evidence for m in found.matches}
         for m in found.matches:
@@ -201,74 +211,117 @@ def _pair_params(seq: Graph, sp: list[HloParam], dist: Graph, dp: list[HloParam]
     return [ParamPair(a, chosen.get(a.number), why.get(a.number, "")) for a in sp]
 
 
-def _infer(k: int, name: str, s_shape: tuple[int, ...], d_shape: tuple[int, ...], ranks: int,
-           dist_file: str, line: int) -> tuple[BlockRelation, str]:
-    if s_shape == d_shape:
-        return replicated(s_shape, ranks), "replicated (same shape in both programs)"
-    d = even_split_dim(s_shape, d_shape, ranks)
-    if d is not None:
-        return (split_relation(s_shape, d, ranks),
-                f"split evenly along dim {d} over {ranks} ranks, rank order (inferred from "
-                f"the shapes)")
-    raise InputError(f"parameter {k} ({name}): cannot infer its relation from the shapes "
-                     f"{_shape_str(s_shape)} (sequential) and {_shape_str(d_shape)} (distributed) "
-                     f"over {ranks} ranks: name it in the spec's [params]", dist_file, line)
-
-
 @dataclass(frozen=True)
 class _Decision:
-    """How one parameter pair is related: a block relation, or (relation None)
-    a segmented split of `segment_dim` into `segments`, or rank-0-only; the
-    last two are written into the graphs as ops (frontends/hlo/boundary.py)."""
+    """How one parameter pair is related: a block relation (with `reshaped`, held
+    by the distributed parameter reshaped row-major to its declared shape), or
+    (relation None) a segmented split of `segment_dim` into `segments`, or
+    rank-0-only, or a padded split; all but a plain block relation are written
+    into the graphs as ops (frontends/hlo/boundary.py)."""
 
     relation: BlockRelation | None
     segment_dim: int | None = None
     segments: tuple[int, ...] | None = None
     rank0_only: bool = False
     pad: str | None = None   # a padded split of `segment_dim`: "zero" or "any" (spec.PAD_FORMS)
+    reshaped: bool = False
     evidence: str = ""     # why, when neither the spec nor the caller stated it
+    assumption: str = ""   # what Problem.assumptions lists when it is chosen (empty: stated)
+    label: str = ""        # the candidate in a few words (dlverify/trial.py's notes)
+
+
+def _split_label(rel: BlockRelation, n: int) -> str:
+    d = split_dim_of(rel, n)
+    return "replicated" if rel.is_replicated() else f"split along dim {d}"
+
+
+def _shape_candidates(a: HloParam, b: HloParam, n: int, finders: tuple[CutFinder, CutFinder],
+                      dist_file: str) -> list[_Decision]:
+    """The relations the shapes allow, the likeliest first: the same shape is
+    replicated; one dim divided by the rank count is an even split, or segments of
+    it when both programs cut their blocks (param_infer.infer_segments); one dim not
+    divided is a padded split; otherwise the block of any dim the rank count divides
+    (or the whole value) reshaped row-major to the distributed shape, the one shape
+    class with several candidates (dlverify/trial.py tries them)."""
+    head = (f"parameter {a.number} ({b.name}, sequential {_shape_str(a.shape, a.dtype)}, "
+            f"distributed {_shape_str(b.shape, b.dtype)})")
+    padded = padded_split_dim(a.shape, b.shape, n)
+    if padded is not None:
+        why = (f"split along dim {padded} in blocks of {b.shape[padded]} over {n} ranks, rank "
+               f"order, the last padded past the end with values nothing is known of "
+               f"(inferred from the shapes)")
+        return [_Decision(None, padded, pad="any", evidence=why, assumption=f"{head}: {why}",
+                          label=f"padded split along dim {padded}")]
+    if a.shape == b.shape:
+        why = "replicated (same shape in both programs)"
+        return [_Decision(replicated(a.shape, n), evidence=why, assumption=f"{head}: {why}",
+                          label="replicated")]
+    cands: list[_Decision] = []
+    d = even_split_dim(a.shape, b.shape, n)
+    if d is not None:
+        segs = infer_segments(finders[0], a.tensor, finders[1], b.tensor, d, n)
+        if segs is not None:
+            why = (f"segments {list(segs.sizes)} of dim {segs.dim}, each split evenly over {n} "
+                   f"ranks, rank order: {segs.evidence}")
+            # (not tried against a plain even split: both programs cut their blocks at
+            # these boundaries, and a try could only move where a bug is reported)
+            return [_Decision(None, segs.dim, segs.sizes, evidence=segs.evidence,
+                              assumption=f"{head}: {why}",
+                              label=f"segments {list(segs.sizes)} of dim {segs.dim}")]
+        why = f"split evenly along dim {d} over {n} ranks, rank order (inferred from the shapes)"
+        return [_Decision(split_relation(a.shape, d, n), evidence=why,
+                          assumption=f"{head}: {why}", label=f"split along dim {d}")]
+    for rd in reshaped_split_dims(a.shape, b.shape, n):
+        rel = replicated(a.shape, n) if rd is None else split_relation(a.shape, rd, n)
+        what = "the whole value" if rd is None else \
+            f"its block of an even split along dim {rd} over {n} ranks, rank order,"
+        why = (f"{what} reshaped row-major to {_shape_str(b.shape)} (inferred from the element "
+               f"counts)")
+        cands.append(_Decision(rel, reshaped=True, evidence=why, assumption=f"{head}: {why}",
+                               label=f"{_split_label(rel, n)}, reshaped"))
+    if not cands:
+        raise InputError(f"parameter {a.number} ({b.name}): cannot infer its relation from the "
+                         f"shapes {_shape_str(a.shape)} (sequential) and {_shape_str(b.shape)} "
+                         f"(distributed) over {n} ranks: name it in the spec's [params]",
+                         dist_file, b.line)
+    return cands
 
 
 def _unspecified(pair: ParamPair, n: int, policy: ParamPolicy,
-                 finders: tuple[CutFinder, CutFinder], dist_file: str,
-                 assumptions: list[str]) -> _Decision:
-    """The relation of a parameter the spec does not name."""
+                 finders: tuple[CutFinder, CutFinder], dist_file: str) -> list[_Decision]:
+    """The candidate relations of a parameter the spec does not name, the likeliest
+    first (one when the annotation or the shapes leave no choice)."""
     a, b = pair.seq, pair.dist
     assert b is not None
     rel = b.relation
     if rel is not None and rel.seq_shape == a.shape and rel.dist_shape == b.shape \
             and len(rel.offsets) == n:
         sh = b.sharding.text if b.sharding is not None else ""
-        if policy.sharding_is_assumption:
-            assumptions.append(f"parameter {a.number} ({b.name}): relation from its sharding "
-                               f"annotation sharding={sh}")
-        return _Decision(rel, evidence=f"from its sharding annotation sharding={sh}")
+        listed = (f"parameter {a.number} ({b.name}): relation from its sharding annotation "
+                  f"sharding={sh}") if policy.sharding_is_assumption else ""
+        return [_Decision(rel, evidence=f"from its sharding annotation sharding={sh}",
+                          assumption=listed)]
     if policy.infer_from_shapes:
-        head = (f"parameter {a.number} ({b.name}, sequential {_shape_str(a.shape, a.dtype)}, "
-                f"distributed {_shape_str(b.shape, b.dtype)})")
-        padded = padded_split_dim(a.shape, b.shape, n)
-        if padded is not None:
-            why = (f"split along dim {padded} in blocks of {b.shape[padded]} over {n} ranks, rank "
-                   f"order, the last padded past the end with values nothing is known of "
-                   f"(inferred from the shapes)")
-            assumptions.append(f"{head}: {why}")
-            return _Decision(None, padded, pad="any", evidence=why)
-        rel, why = _infer(a.number, b.name, a.shape, b.shape, n, dist_file, b.line)
-        split = even_split_dim(a.shape, b.shape, n)
-        segs = None if split is None else infer_segments(finders[0], a.tensor, finders[1],
-                                                         b.tensor, split, n)
-        if segs is not None:
-            assumptions.append(f"{head}: segments {list(segs.sizes)} of dim {segs.dim}, each "
-                               f"split evenly over {n} ranks, rank order: {segs.evidence}")
-            return _Decision(None, segs.dim, segs.sizes, evidence=segs.evidence)
-        assumptions.append(f"{head}: {why}")
-        return _Decision(rel, evidence=why)
+        return _shape_candidates(a, b, n, finders, dist_file)
     if b.sharding is None and n == 1:
-        return _Decision(replicated(a.shape, n))
+        return [_Decision(replicated(a.shape, n))]
     sh = b.sharding.text if b.sharding is not None else "none"
     raise InputError(f"parameter {a.number} ({a.name}): the distributed parameter {b.name} "
                      f"{list(b.shape)} has sharding={sh}, which does not give each device an even "
                      f"block of the sequential {list(a.shape)}", dist_file, b.line)
+
+
+def _chosen(cands: list[_Decision], i: int) -> _Decision:
+    """Candidate i, its listed assumption saying which others there were."""
+    dec = cands[min(i, len(cands) - 1)]
+    if len(cands) == 1:
+        return dec
+    others = " or ".join(c.label for c in cands if c is not dec)
+    how = ("the likeliest" if i == 0 else "tried in turn (dlverify/trial.py) as the earlier "
+           "ones did not verify")
+    return replace(dec, assumption=f"{dec.assumption}; candidate {i + 1} of {len(cands)}, "
+                   f"{how}; the others: {others}",
+                   evidence=f"{dec.evidence}; chosen over: {others}")
 
 
 def _record(pair: ParamPair, dec: _Decision, n: int) -> ParamRecord:
@@ -279,6 +332,12 @@ def _record(pair: ParamPair, dec: _Decision, n: int) -> ParamRecord:
     why = "; ".join(x for x in (dec.evidence, pair.evidence and f"paired: {pair.evidence}") if x)
     if dec.rank0_only:
         entry: ParamSpec | None = ParamSpec("rank0_only", dist=dist)
+    elif dec.reshaped:
+        rel = dec.relation
+        assert rel is not None
+        d = split_dim_of(rel, n)
+        entry = (ParamSpec("replicated", dist=dist, reshaped=True) if rel.is_replicated()
+                 else ParamSpec("split", d, dist=dist, reshaped=True) if d is not None else None)
     elif dec.pad is not None:
         entry = ParamSpec("split", dec.segment_dim, dist=dist, pad=dec.pad)
     elif dec.segments is not None:
@@ -297,6 +356,8 @@ def _spec_decision(pair: ParamPair, ps: ParamSpec, n: int, spec_file: str) -> _D
     a, b = pair.seq, pair.dist
     assert b is not None
     where = f"parameter {a.number} ({b.name}): spec {ps.describe()}"
+    if ps.reshaped:
+        return _reshaped_decision(a, b, ps, n, spec_file, where)
     if ps.kind in ("replicated", "rank0_only"):
         if a.shape != b.shape:
             raise InputError(f"{where}, but the sequential shape {_shape_str(a.shape)} differs "
@@ -342,6 +403,26 @@ def _spec_decision(pair: ParamPair, ps: ParamSpec, n: int, spec_file: str) -> _D
         raise InputError(f"{where} gives local shape {_shape_str(rel.dist_shape)}, but the "
                          f"distributed module declares {_shape_str(b.shape)}", spec_file, ps.line)
     return _Decision(rel)
+
+
+def _reshaped_decision(a: HloParam, b: HloParam, ps: ParamSpec, n: int, spec_file: str,
+                       where: str) -> _Decision:
+    """A spec entry with `reshaped = true`: the block (or the whole value) has as many
+    elements as the distributed parameter."""
+    if ps.kind == "replicated":
+        rel = replicated(a.shape, n)
+    else:
+        d = ps.dim
+        assert d is not None
+        if d >= len(a.shape) or a.shape[d] % n:
+            raise InputError(f"{where}: dim {d} of the sequential shape {_shape_str(a.shape)} "
+                             f"does not split evenly over {n} ranks", spec_file, ps.line)
+        rel = split_relation(a.shape, d, n)
+    if int(np.prod(rel.dist_shape)) != int(np.prod(b.shape)):
+        raise InputError(f"{where}: the block {_shape_str(rel.dist_shape)} and the distributed "
+                         f"parameter {_shape_str(b.shape)} hold different numbers of elements",
+                         spec_file, ps.line)
+    return _Decision(rel, reshaped=rel.dist_shape != b.shape)
 
 
 def _padded_inputs(seq: Graph, dist: Graph, ids: IdAllocator, a: HloParam, b: HloParam,
@@ -437,7 +518,8 @@ def pair_modules(seq_mod: HloModule, dist_mod: HloModule, ids: IdAllocator, *,
                  expected_outputs: list[BlockRelation | None] | None = None,
                  policy: ParamPolicy = ParamPolicy(), custom_calls: dict[str, Any] | None = None,
                  instruction_frames: bool = False, name: str = "",
-                 records: PairingRecord | None = None) -> Problem:
+                 records: PairingRecord | None = None,
+                 choice: dict[int, int] | None = None) -> Problem:
     """The Problem of a sequential module and a distributed (SPMD, one program
     per rank) module; see the module docstring for the steps. `dist_args`: the
     sequential parameter of each distributed parameter (default: the same
@@ -445,7 +527,9 @@ def pair_modules(seq_mod: HloModule, dist_mod: HloModule, ids: IdAllocator, *,
     paramN); `expected_outputs`: output relations from the caller (used where
     the spec has no `[outputs]` entry; an output whose distributed shape
     disagrees with it is an error); `records`: if given, filled with what was
-    decided (what `dlverify spec` prints)."""
+    decided (what `dlverify spec` prints) and with the parameters that had several
+    candidate relations; `choice`: which candidate to take for such a parameter (by
+    sequential parameter number; default the first, see dlverify/trial.py)."""
     rank_count = resolve_ranks(dist_mod, ranks, spec)
     n = rank_count.n
     spec_file = spec.file if spec is not None else ""
@@ -485,7 +569,13 @@ def pair_modules(seq_mod: HloModule, dist_mod: HloModule, ids: IdAllocator, *,
                              f"module but {a.dtype} in the sequential one", dist_mod.file, b.line)
         ps = spec_params.get(a.number)
         if ps is None:
-            decisions.append(_unspecified(pair, n, policy, finders, dist_mod.file, assumptions))
+            cands = _unspecified(pair, n, policy, finders, dist_mod.file)
+            if len(cands) > 1 and records is not None:
+                records.candidates[a.number] = [c.label for c in cands]
+            dec = _chosen(cands, (choice or {}).get(a.number, 0))
+            if dec.assumption:
+                assumptions.append(dec.assumption)
+            decisions.append(dec)
         else:
             decisions.append(_spec_decision(pair, ps, n, spec_file))
     dist.inputs = dist_inputs
@@ -501,13 +591,17 @@ def pair_modules(seq_mod: HloModule, dist_mod: HloModule, ids: IdAllocator, *,
     per_pos: list[list[BlockRelation]] = [[] for _ in pairs]
     for pos in reversed(range(len(pairs))):
         dec, a, b = decisions[pos], pairs[pos].seq, pairs[pos].dist
-        if dec.relation is not None:
+        if dec.relation is not None and not dec.reshaped:
             per_pos[pos] = [dec.relation]
             continue
         assert b is not None
         label = f"param{a.number}"
         seq_loc = SourceLoc((Frame(seq_mod.file, a.line, a.name),), "")
         dist_loc = SourceLoc((Frame(dist_mod.file, b.line, b.name),), "")
+        if dec.relation is not None:   # reshaped
+            reshaped_input(dist, ids, b.tensor, dec.relation.dist_shape, label, dist_loc)
+            per_pos[pos] = [dec.relation]
+            continue
         if dec.rank0_only:
             rank0_only_input(dist, ids, b.tensor, label, dist_loc)
             per_pos[pos] = [replicated(a.shape, n)]

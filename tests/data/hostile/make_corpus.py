@@ -399,6 +399,10 @@ def specs() -> None:
         "pad_unknown": '0 = { split = 0, pad = "ones" }',
         "pad_bool": "0 = { split = 0, pad = true }",
         "pad_with_segments": '0 = { split = 0, segments = [4, 4], pad = "zero" }',
+        "reshaped_string": '0 = { split = 0, reshaped = "yes" }',
+        "reshaped_with_pad": '0 = { split = 0, reshaped = true, pad = "any" }',
+        "reshaped_rank0": "0 = { rank0_only = true, reshaped = true }",
+        "reshaped_wrong_count": "0 = { replicated = true, reshaped = true }",
         "params_array": None,
     }
     for name, line in bad_params.items():
