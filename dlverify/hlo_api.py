@@ -230,11 +230,48 @@ def dump_modules(dump_dir: str | Path) -> list[DumpModule]:
     return out
 
 
+_HEADER_PARAMS = re.compile(r"entry_computation_layout=\{\((.*?)\)->")
+_ARRAY = re.compile(r"([a-z]+[0-9]*)\[([0-9,]*)\]")
+_PARTITIONS = re.compile(r"num_partitions=(\d+)")
+
+
+def _fingerprint(path: Path) -> tuple[tuple[tuple[str, tuple[int, ...]], ...], int] | None:
+    """The ENTRY parameters (dtype, shape) and partition count a module's header
+    declares, or None when the header does not say (read from the first line only)."""
+    try:
+        with path.open(encoding="utf-8", errors="replace") as f:
+            head = f.readline(1 << 20)
+    except OSError:
+        return None
+    m = _HEADER_PARAMS.search(head)
+    if m is None:
+        return None
+    params = tuple((dt, tuple(int(x) for x in dims.split(",") if x))
+                   for dt, dims in _ARRAY.findall(m.group(1)))
+    parts = _PARTITIONS.search(head)
+    return params, int(parts.group(1)) if parts else 1
+
+
+def _fits(before: Path, after: Path) -> bool:
+    """Whether the per-device module `after` can be the partitioned `before`: the
+    same parameter count and dtypes, each shape the global one or a block the
+    partition count allows (param_infer.shapes_compatible)."""
+    from dlverify.frontends.hlo.param_infer import shapes_compatible
+
+    fb, fa = _fingerprint(before), _fingerprint(after)
+    if fb is None or fa is None or len(fb[0]) != len(fa[0]):
+        return False
+    n = fa[1]
+    return all(db == da and (sb == sa or shapes_compatible(sb, sa, n))
+               for (db, sb), (da, sa) in zip(fb[0], fa[0]))
+
+
 def _pair_renumbered(stages: dict[str, dict[str, Path]]) -> None:
     """A module whose files before and after optimisation carry different numbers
     (`module_0003.jit_f` and `module_0007.jit_f`: XLA gave the compiled module a new
     id) is paired by its program name, when exactly one unpaired module of that name
-    has each side; ambiguous names stay apart."""
+    has each side; among several of one name, by their fingerprints (parameter
+    dtypes and shapes, `_fits`) when these pair them one to one; the rest stay apart."""
     def program(name: str) -> str:
         return name.split(".", 1)[1] if "." in name else name
     befores: dict[str, list[str]] = {}
@@ -248,6 +285,17 @@ def _pair_renumbered(stages: dict[str, dict[str, Path]]) -> None:
         other = afters.get(prog, [])
         if len(names) == 1 and len(other) == 1:
             stages[names[0]].update(stages.pop(other[0]))
+            continue
+        after_of = {b: [a for a in other if _fits(stages[b]["before"], _after_file(stages[a]))]
+                    for b in names}
+        taken = [a for fits in after_of.values() for a in fits]
+        for b, fits in after_of.items():
+            if len(fits) == 1 and taken.count(fits[0]) == 1:
+                stages[b].update(stages.pop(fits[0]))
+
+
+def _after_file(stage: dict[str, Path]) -> Path:
+    return stage.get("spmd") or stage["opt"]
 
 
 def verify_dump(dump_dir: str | Path, engine: EngineName = "auto", window: int = DEFAULT_WINDOW,

@@ -142,6 +142,26 @@ def test_check_dump_pairs_a_renumbered_module_by_its_program_name(tmp_path):
     assert all(m.after is None for m in dump_modules(tmp_path) if m.name.startswith("module_0003"))
 
 
+def test_check_dump_pairs_renumbered_modules_of_one_name_by_their_fingerprints(tmp_path):
+    """Two programs both named jit_f, renumbered by XLA: the parameter counts, dtypes
+    and shapes in their headers pair them one to one."""
+    from dlverify.hlo_api import dump_modules, verify_dump
+    files = {"module_0003.jit_f.before_optimizations.txt": "masked_sum.before.hlo",
+             "module_0004.jit_f.before_optimizations.txt": "mlp.before.hlo",
+             "module_0007.jit_f.cpu_after_optimizations.txt": "mlp.after.hlo",
+             "module_0008.jit_f.cpu_after_optimizations.txt": "masked_sum.after.hlo"}
+    for name, src in files.items():
+        (tmp_path / name).write_text((DATA / src).read_text())
+    pairs = {m.name[:11]: m.after.name[:11] for m in dump_modules(tmp_path) if m.after}
+    assert pairs == {"module_0003": "module_0008", "module_0004": "module_0007"}
+    assert all(res.verified for _, res in verify_dump(tmp_path))
+    # a third after-module that fits the first as well: that one is no longer guessed
+    (tmp_path / "module_0009.jit_f.cpu_after_optimizations.txt").write_text(
+        (DATA / "masked_sum.after.hlo").read_text())
+    pairs = {m.name[:11]: m.after.name[:11] for m in dump_modules(tmp_path) if m.after}
+    assert pairs == {"module_0004": "module_0007"}
+
+
 def test_the_spec_command_writes_inferred_padded_splits():
     from dlverify.spec import parse_spec
     from dlverify.spec_writer import infer_spec
