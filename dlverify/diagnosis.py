@@ -3,6 +3,7 @@ fields): a reconstruction per proved output, or the located failures with the
 recognised pattern (FAILURE_KINDS) and what each operand was related to."""
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 
 import networkx as nx
@@ -54,10 +55,8 @@ class Judge:
         self.views = parse_views(relations[S.VIEW.name])
         self.padded_views = parse_padded_views(relations.get(S.PAD_VIEW.name, []))
         self.by_dist: dict[tuple[int, int], list[ViewFact]] = defaultdict(list)
-        self.by_seq_dist: dict[tuple[int, int, int], list[ViewFact]] = defaultdict(list)
         for v in self.views:
             self.by_dist[(v.dist, v.rank)].append(v)
-            self.by_seq_dist[(v.seq, v.dist, v.rank)].append(v)
         self.output_ok = {tuple(r) for r in relations[S.OUTPUT_OK.name]}
         self.seq_frontier = {r[0] for r in relations[S.SEQ_FRONTIER.name]}
         self.dist_frontier: dict[int, list[int]] = defaultdict(list)
@@ -68,6 +67,15 @@ class Judge:
         self.seq_prod = problem.seq.producer()
         self.dist_prod = problem.dist.producer()
         self.inferred: list[str] = []  # output relations inferred from the views
+
+    @functools.cached_property
+    def by_seq_dist(self) -> dict[tuple[int, int, int], list[ViewFact]]:
+        """The views by (seq, dist, rank); only a failure's diagnosis reads them, so a
+        verified deep program (10^5 views) does not pay for the index."""
+        out: dict[tuple[int, int, int], list[ViewFact]] = defaultdict(list)
+        for v in self.views:
+            out[(v.seq, v.dist, v.rank)].append(v)
+        return out
 
     # ------------------------------------------------------------------ naming
     def tname(self, g: Graph, t: int) -> str:

@@ -19,6 +19,7 @@ window a dynamic_update_slice writes (datalog/update.dl).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from math import prod
 from typing import Any, Callable
@@ -87,25 +88,32 @@ def reshape_rows(add: AddRow, op: Op, x: int, src: tuple[int, ...], dst: tuple[i
     Reshape_Same when dst is op's output and has x's shape; Reshape_Cut for the
     distributed program; Reshape_Group and Reshape_Dim for the sequential one (the
     groups the distributed side must respect)."""
-    add(S.RESHAPE_CHAIN, op.id, x)
-    if same_ok and tuple(src) == tuple(dst):
-        add(S.RESHAPE_SAME, op.id, x)
+    for rel, tail in _reshape_rows(tuple(src), tuple(dst), dist, same_ok):
+        add(rel, op.id, x, *tail)
+
+
+@functools.lru_cache(maxsize=4096)
+def _reshape_rows(src: tuple[int, ...], dst: tuple[int, ...], dist: bool,
+                  same_ok: bool) -> tuple[tuple[S.Relation, tuple[int, ...]], ...]:
+    """reshape_rows' rows without their op and tensor columns: they depend on the
+    shapes alone, and a deep model reshapes the same shapes in every layer."""
+    rows: list[tuple[S.Relation, tuple[int, ...]]] = [(S.RESHAPE_CHAIN, ())]
+    if same_ok and src == dst:
+        rows.append((S.RESHAPE_SAME, ()))
     if dist:
-        for i, j in reshape_cuts(src, dst):
-            add(S.RESHAPE_CUT, op.id, x, i, j)
-        return
-    groups = reshape_chain(src, dst)
-    if not groups:
-        return
+        rows.extend((S.RESHAPE_CUT, (i, j)) for i, j in reshape_cuts(src, dst))
+        return tuple(rows)
+    groups = reshape_chain(src, dst) or []
     for g, grp in enumerate(groups):
-        add(S.RESHAPE_GROUP, op.id, x, g, grp.i0, grp.i1, grp.j0, grp.j1, len(groups))
+        rows.append((S.RESHAPE_GROUP, (g, grp.i0, grp.i1, grp.j0, grp.j1, len(groups))))
         for side, (lo, hi, sizes) in enumerate(((grp.i0, grp.i1, src), (grp.j0, grp.j1, dst))):
             prev = -1
             for k in range(lo, hi):
                 stride = prod(sizes[k + 1:hi])
-                add(S.RESHAPE_DIM, op.id, x, side, k, g, stride, prev)
+                rows.append((S.RESHAPE_DIM, (side, k, g, stride, prev)))
                 if sizes[k] > 1:
                     prev = k
+    return tuple(rows)
 
 
 _REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min")
