@@ -7,6 +7,8 @@ over 8 ranks, verified from ShapeDtypeStructs: time and peak memory per phase.
     python bench/bench_llama405b.py --layers 8 --dtype bfloat16 --train --json
     python bench/bench_llama405b.py --engines clingo souffle-interpreted
                                                     # one process per engine, side by side
+    python bench/bench_llama405b.py --profile fwd.prof
+                                                    # where the time goes: python -m pstats fwd.prof
 
 The model is examples/models/llama3.py with LLAMA31_405B: hidden 16384, 128
 query heads in 8 KV groups of head_dim 128 (one group per rank at TP=8), MLP
@@ -140,6 +142,9 @@ def main() -> int:
     ap.add_argument("--cache", type=Path, default=None, help="on-disk segment cache directory")
     ap.add_argument("--engine", default="auto", choices=["auto", "clingo", "souffle"])
     ap.add_argument("--window", type=int, default=None, help="ops per datalog segment")
+    ap.add_argument("--profile", type=Path, default=None, metavar="FILE.prof",
+                    help="write cProfile statistics of tracing and verifying to FILE.prof "
+                         "(read with python -m pstats; the times it reports are inflated)")
     ap.add_argument("--engines", nargs="+", choices=sorted(ENGINE_MODES), default=None,
                     help="run once per engine (a fresh process each) and print them side by side")
     args = ap.parse_args()
@@ -159,6 +164,12 @@ def main() -> int:
     kw = {} if args.window is None else {"window": args.window}
     if args.cache is not None:
         kw["cache_dir"] = args.cache
+    profiler = None
+    if args.profile is not None:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
     cpu0 = time.process_time()
 
     with Sampler() as smp:
@@ -169,6 +180,9 @@ def main() -> int:
         res = verify_problem(problem, engine=args.engine, timings={"trace": t1 - t0}, **kw)
         t2 = time.perf_counter()
     cpu_total = time.process_time() - cpu0
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(str(args.profile))
 
     # verify_problem runs export, datalog and report in that order (a retry as one
     # fixpoint sits inside the datalog phase): cut the samples at its phase times.
@@ -208,6 +222,7 @@ def main() -> int:
         # scans concluded by induction over one body (dlverify/induction.py), or why unrolled
         "inductions": plan.inductions if plan else [],
         "notes": res.notes[1:],
+        "profiled": profiler is not None,
     }
     if args.json:
         print(json.dumps(report))
