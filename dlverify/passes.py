@@ -10,6 +10,7 @@ that value so the rules can match constants without enumerating elements.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -113,7 +114,7 @@ def fold(graph: Graph, mesh: Mesh | None) -> Folded:
     index_facts = IndexFacts(graph, ranks, splat)   # masks decided by index ranges
     for op in graph.ops:
         out = graph.tensors[op.output]
-        size = int(np.prod(out.shape)) if out.shape else 1
+        size = math.prod(out.shape)  # (np.prod: a third of fold's time on deep graphs)
         if op.kind == "constant":
             v = op.params.get("value")
             if v is None:
