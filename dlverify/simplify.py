@@ -81,7 +81,9 @@ _NEUTRAL: dict[str, tuple[float, tuple[int, ...]]] = {
     "add": (0.0, (0, 1)), "sub": (0.0, (1,)), "mul": (1.0, (0, 1)), "div": (1.0, (1,)),
     "max": (-math.inf, (0, 1)), "min": (math.inf, (0, 1)),
 }
-_PASSES = 6
+# passes at most (Llama-3 with one KV head per rank, after optimisations, reaches its
+# fixpoint after 8: a dot's size-1 dims lifted, batched, then its operands reordered)
+_PASSES = 12
 
 
 class _Simplifier(_FormRules):
@@ -488,6 +490,25 @@ class _Simplifier(_FormRules):
         self.new_op("neg", [total], self.shape(op.output), dtype, {}, op, output=op.output)
         return True
 
+    def masked_neg(self, op: Op) -> bool:
+        """`select(p, -x, 0)` is `-select(p, x, 0)` (-0 = 0 over the reals): negations
+        leave masks toward the outputs, as they leave sums, so a partitioned program
+        that masks its padding between the negation and the sum meets the sequential
+        `-sum(x)` (negated_sum)."""
+        if op.kind != "select_n" or len(op.inputs) != 3:
+            return False
+        for pos in (1, 2):
+            neg = self.producer.get(op.inputs[pos])
+            if neg is None or neg.kind != "neg" or self.splat(op.inputs[3 - pos]) != 0.0:
+                continue
+            out = self.g.tensors[op.output]
+            ins = list(op.inputs)
+            ins[pos] = neg.inputs[0]
+            masked = self.new_op("select_n", ins, out.shape, out.dtype, {}, op)
+            self.new_op("neg", [masked], out.shape, out.dtype, {}, op, output=op.output)
+            return True
+        return False
+
     def run(self) -> bool:
         changed = False
         for op in self.g.ops:
@@ -500,7 +521,7 @@ class _Simplifier(_FormRules):
                     or self.unit_dims_into_broadcast(op) or self.swapped_dot(op)
                     or self.transpose_into_all_reduce(op)
                     or self.sink_dot_reshape(op) or self.split_contraction(op)
-                    or self.negated_sum(op)
+                    or self.negated_sum(op) or self.masked_neg(op)
                     or self.reduce_of_reshape(op) or self.common_value(op)):
                 changed = True
                 continue
