@@ -202,3 +202,42 @@ def test_a_max_over_padding_that_is_not_minus_infinity_does_not_verify():
     # zero padding: the max of a column of negative numbers would be 0
     assert not _row_max(0.0).result.verified
     assert not _row_max(0.0, masked=False).result.verified
+
+
+
+def _one_hot_count(limit: int):
+    """sum over a vocabulary of 10 of the one-hot of ids (a count of the ids in range),
+    split over 4 ranks in blocks of 3: the distributed side compares ids with iota +
+    rank * 3 (a view on ranks 0..2, padding past the end on rank 3), masks with the
+    padding mask on `limit` and all-reduces. On ranks 0..2 the mask is true throughout,
+    so the select keeps the whole one-hot; on rank 3 it sets the padding to zero."""
+    t = _tiny(4)
+    ids_s, ids_d = t.input((5,), dtype="int32")
+    col_s = t.S.op("iota", [], (5, 10), "int32", {"dimension": 1})
+    bs = t.S.op("broadcast_in_dim", [ids_s], (5, 10), "int32", {"broadcast_dimensions": (0,)})
+    hot_s = t.sop("select_n", [t.S.op("eq", [bs, col_s], (5, 10), "bool"), t.sconst(0.0, (5, 10)),
+                               t.sconst(1.0, (5, 10))], (5, 10))
+    start = _rank_times(t, 3)
+    iota = t.D.op("iota", [], (5, 3), "int32", {"dimension": 1})
+    shift = t.D.op("broadcast_in_dim", [start], (5, 3), "int32", {"broadcast_dimensions": ()})
+    col_d = t.D.op("add", [iota, shift], (5, 3), "int32")
+    bd = t.D.op("broadcast_in_dim", [ids_d], (5, 3), "int32", {"broadcast_dimensions": (0,)})
+    hot_d = t.dop("select_n", [t.D.op("eq", [bd, col_d], (5, 3), "bool"), t.dconst(0.0, (5, 3)),
+                               t.dconst(1.0, (5, 3))], (5, 3))
+    lim = t.D.op("broadcast_in_dim", [_int(t, limit)], (5, 3), "int32", {"broadcast_dimensions": ()})
+    valid = t.D.op("lt", [col_d, lim], (5, 3), "bool")
+    masked = t.dop("select_n", [valid, t.dconst(0.0, (5, 3)), hot_d], (5, 3))
+    ss = t.sop("reduce_sum", [hot_s], (5,), axes=(1,))
+    sd = t.dop("reduce_sum", [masked], (5,), axes=(1,))
+    t.output(ss, t.dop("all_reduce", [sd], (5,), reducer="sum", groups=[[0, 1, 2, 3]]))
+    return t.run().result
+
+
+def test_a_mask_true_throughout_a_rank_keeps_its_whole_block():
+    res = _one_hot_count(10)
+    assert res.verified, [f.message for f in res.failures]
+
+
+def test_a_mask_that_cuts_an_in_bounds_block_is_not_one_case():
+    # limit 8 drops vocabulary id 8 and 9, on rank 2 and rank 3
+    assert not _one_hot_count(8).verified
