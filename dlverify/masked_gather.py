@@ -27,7 +27,6 @@ rewritten too, so that both sides meet as contractions. Two gather forms: a
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -84,16 +83,9 @@ class _Graph:
 
     def __init__(self, g: Graph, ids: IdAllocator, ranks: int, mesh) -> None:
         self.g, self.ids = g, ids
-        self.ranks, self.mesh = ranks, mesh
+        self.facts = IndexFacts(g, ranks, fold(g, mesh).splat)
         self.producer = {op.output: op for op in g.ops}
         self.pending: list[Op] = []
-
-    @functools.cached_property
-    def facts(self) -> IndexFacts:
-        """Folded values and index ranges of the graph (its ops: new ones are only
-        queued until the splice), on first use: most selects and dots are turned
-        down by their kinds and dtypes first, and a deep model's fold costs."""
-        return IndexFacts(self.g, self.ranks, fold(self.g, self.mesh).splat)
 
     def new(self, kind: str, inputs: list[int], shape: tuple[int, ...], dtype: str, params: dict,
             like: Op, output: int | None = None) -> int:
