@@ -91,21 +91,6 @@ class _Simplifier(_FormRules):
     op creation, aliases and folds as in rewrites._Rewriter; the rules of
     dlverify/simplify_forms.py too."""
 
-    def splat(self, t: int) -> float | None:
-        """The one value tensor t holds everywhere, when it is a constant or a
-        broadcast of one."""
-        op = self.producer.get(t)
-        if op is not None and op.kind == "broadcast_in_dim":
-            op = self.producer.get(op.inputs[0])
-        if op is None or op.kind != "constant" or op.params.get("value") is None:
-            return None
-        v = np.asarray(op.params["value"])
-        if v.size == 0 or not np.issubdtype(v.dtype, np.floating) and not np.issubdtype(
-                v.dtype, np.integer):
-            return None
-        first = v.flat[0]
-        return float(first) if np.all(v == first) else None
-
     # -- the rewrites: each returns True when it replaced `op` --------------
     def neutral(self, op: Op) -> bool:
         spec = _NEUTRAL.get(op.kind)
@@ -514,6 +499,7 @@ class _Simplifier(_FormRules):
         for op in self.g.ops:
             op.inputs = [self.alias.get(i, i) for i in op.inputs]
             if (self.neutral(op) or self.layout(op) or self.iota_1d(op) or self.reciprocal(op)
+                    or self.literal_product(op)
                     or self.exact_scaling(op) or self.mask_product(op)
                     or self.negative_power(op)
                     or self.dot_layout(op) or self.sink_reshape(op)
@@ -533,16 +519,17 @@ class _Simplifier(_FormRules):
         return changed
 
 
-def simplify_graph(graph: Graph, ids: IdAllocator) -> bool:
+def simplify_graph(graph: Graph, ids: IdAllocator, assumptions: list[str] | None = None) -> bool:
     """Bring `graph` to the normal form (see the module docstring); returns
-    whether anything changed."""
+    whether anything changed. `assumptions`: where a rule that rounds a literal
+    (simplify_forms.literal_product) lists it."""
     unused = _unused(graph)
     changed = False
     alias: dict[int, int] = {}      # every pass's: tensor -> the tensor now holding its value
     # One pass simplifies whole chains (aliases and new producers are seen by
     # the ops after them); a few more catch what a rewrite newly exposes.
     for _ in range(_PASSES):
-        simplifier = _Simplifier(graph, ids)
+        simplifier = _Simplifier(graph, ids, assumptions)
         if not simplifier.run():
             break
         alias.update(simplifier.alias)

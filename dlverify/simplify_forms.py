@@ -32,8 +32,14 @@ reductions.
   side's reshape and its reduction (all_gather(reshape(block)) reduced): that
   reshape is no reduction's operand, while the other side's is folded away.
 
-Each is an identity of real arithmetic or of data movement, applied to both
-graphs alike; tests/test_simplify.py checks each numerically and where it
+* literal products folded: `(x * a) * b` for splat literals a and b is `x * c`,
+  c the product a * b rounded to the dtype, as XLA's constant folding computes it
+  (GELU's backward multiplies by 0.797884583 and then by 0.044715; XLA by
+  0.0356774069). When the rounding is inexact this is not an identity over the
+  reals: the fold is listed as an assumption naming the three literals.
+
+Each other rule is an identity of real arithmetic or of data movement, applied to
+both graphs alike; tests/test_simplify.py checks each numerically and where it
 must not fire.
 """
 from __future__ import annotations
@@ -118,9 +124,63 @@ def _reshape_groups(src: tuple[int, ...], to: tuple[int, ...]
 class _FormRules(_Rewriter):
     """The rules above, for `_Simplifier` (dlverify/simplify.py) to run in its pass."""
 
-    def __init__(self, graph: Graph, ids: IdAllocator) -> None:
+    def __init__(self, graph: Graph, ids: IdAllocator,
+                 assumptions: list[str] | None = None) -> None:
         super().__init__(graph, ids)
         self.computed: dict[object, int] = {}     # an op's value key -> its tensor
+        # where a rule that rounds (literal_product) lists what it took as equal
+        self.assumptions = assumptions if assumptions is not None else []
+
+    def splat(self, t: int) -> float | None:
+        """The one value tensor t holds everywhere, when it is a constant or a
+        broadcast of one."""
+        op = self.producer.get(t)
+        if op is not None and op.kind == "broadcast_in_dim":
+            op = self.producer.get(op.inputs[0])
+        if op is None or op.kind != "constant" or op.params.get("value") is None:
+            return None
+        v = np.asarray(op.params["value"])
+        if v.size == 0 or not np.issubdtype(v.dtype, np.floating) and not np.issubdtype(
+                v.dtype, np.integer):
+            return None
+        first = v.flat[0]
+        return float(first) if np.all(v == first) else None
+
+    def literal_product(self, op: Op) -> bool:
+        """`(x * a) * b` is `x * fl(a * b)` (see the module docstring)."""
+        if op.kind != "mul" or len(op.inputs) != 2:
+            return False
+        out = self.g.tensors[op.output]
+        if not np.issubdtype(np.dtype(out.dtype), np.floating):
+            return False
+        for pos in (0, 1):
+            b, inner = self.splat(op.inputs[pos]), self.producer.get(op.inputs[1 - pos])
+            if b is None or inner is None or inner.kind != "mul" or len(inner.inputs) != 2:
+                continue
+            for ipos in (0, 1):
+                a, x = self.splat(inner.inputs[ipos]), inner.inputs[1 - ipos]
+                if a is None or self.splat(x) is not None or self.shape(x) != out.shape \
+                        or self.g.tensors[x].dtype != out.dtype:
+                    continue
+                c = np.asarray(a, np.float64) * np.asarray(b, np.float64)
+                folded = c.astype(out.dtype)
+                if not np.isfinite(folded):
+                    continue
+                if float(folded) != float(c):
+                    as_dtype = np.dtype(out.dtype).type
+                    shown = [np.format_float_positional(as_dtype(v)) for v in (a, b)]
+                    note = (f"the literal product {shown[0]} * {shown[1]} is taken as "
+                            f"{np.format_float_positional(folded)}, its {out.dtype} rounding, as "
+                            f"XLA's constant folding computes it")
+                    if note not in self.assumptions:
+                        self.assumptions.append(note)
+                scalar = self.builder.constant(folded, (), out.dtype, op.loc, op.name)
+                self.producer[scalar] = self.out[-1]
+                y = self.new_op("broadcast_in_dim", [scalar], out.shape, out.dtype,
+                                {"broadcast_dimensions": ()}, op)
+                self.new_op("mul", [x, y], out.shape, out.dtype, {}, op, output=op.output)
+                return True
+        return False
 
     def common_value(self, op: Op) -> bool:
         """Fold `op` into an earlier op computing the same value, else remember it."""

@@ -78,7 +78,8 @@ def verify_by_trial(build: Build, verify: Verify, max_trials: int = MAX_TRIALS) 
                 best, best_score = TrialOutcome(prob, res, choice, rec, trials), _related(res)
     best.result.notes.append(
         f"not verified under any of the candidate relations tried ({trials} verifications): "
-        + "; ".join(f"parameter {k}: {' or '.join(v)}" for k, v in sorted(record.candidates.items()))
+        + "; ".join(f"parameter {k}: {' or '.join(v)}"
+                    for k, v in sorted(record.candidates.items()))
         + "; shown: the choice under which the most distributed values relate (see the "
           "assumptions)")
     return TrialOutcome(best.problem, best.result, best.choice, best.record, trials)
