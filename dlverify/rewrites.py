@@ -221,10 +221,13 @@ def rewrite_graph(graph: Graph, ids: IdAllocator) -> bool:
 def rewrite(problem: Problem) -> None:
     """Rewrite both graphs of `problem` in place."""
     from dlverify.masked_gather import rewrite_masked_gathers   # imports this module
+    from dlverify.resharding import rewrite_reshardings
     from dlverify.simplify import simplify_graph
     from dlverify.softmax_form import canonical_softmaxes
     rewrite_masked_gathers(problem)
     unused = [_unused(problem.seq), _unused(problem.dist)]
+    if rewrite_reshardings(problem):
+        _drop_newly_dead(problem.dist, unused[1])
     if canonical_softmaxes(problem.seq, problem.dist, problem.ids):
         _drop_newly_dead(problem.seq, unused[0])
         _drop_newly_dead(problem.dist, unused[1])

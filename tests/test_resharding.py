@@ -1,0 +1,101 @@
+"""XLA's all-to-all resharding chains rewritten as an all-gather and a slice
+(dlverify/resharding.py), and FSDP training steps that need it
+(tests/data/xla_resharding/, written by its make_dumps.py)."""
+import copy
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dlverify.frontends.hlo.model import FLAT_AXIS
+from dlverify.hlo_api import verify_hlo
+from dlverify.interpret import Interpreter
+from dlverify.ir import Graph, GraphBuilder, IdAllocator, Mesh
+from dlverify.problem import Problem
+from dlverify.resharding import rewrite_reshardings
+
+DATA = Path(__file__).parent / "data" / "xla_resharding"
+GROUPS = [[0, 1, 2, 3]]
+
+
+def _problem(build, x_shape, axes=(FLAT_AXIS,)):
+    ids = IdAllocator()
+    g = Graph("dist")
+    b = GraphBuilder(g, ids)
+    x = b.tensor(x_shape, "float32", "x")
+    g.inputs = [x]
+    g.outputs = [build(b, x)]
+    mesh = Mesh(axes, (4,) if len(axes) == 1 else (2, 2))
+    return Problem(Graph("seq"), g, mesh, [], [None], ids)
+
+
+def _rows_to_cols(b, x, a2a_dim=1, perm=(1, 0, 2)):
+    """[2, 32] split by rows over 4 ranks -> [8, 8] split by columns, as XLA writes it."""
+    r = b.op("reshape", [x], (2, 4, 8), "float32")
+    a = b.op("all_to_all", [r], (2, 4, 8), "float32",
+             {"split_dimension": a2a_dim, "concat_dimension": a2a_dim, "groups": GROUPS})
+    t = b.op("transpose", [a], tuple((2, 4, 8)[i] for i in perm), "float32", {"permutation": perm})
+    return b.op("reshape", [t], (8, 8), "float32")
+
+
+def _cols_to_rows(b, x):
+    """[8, 8] split by columns -> [2, 32] split by rows."""
+    r = b.op("reshape", [x], (4, 2, 8), "float32")
+    a = b.op("all_to_all", [r], (4, 2, 8), "float32",
+             {"split_dimension": 0, "concat_dimension": 0, "groups": GROUPS})
+    t = b.op("transpose", [a], (2, 4, 8), "float32", {"permutation": (1, 0, 2)})
+    return b.op("reshape", [t], (2, 32), "float32")
+
+
+def _outputs(g, xs):
+    vals = Interpreter(g, 4, lambda r, a: r).run([xs])
+    return vals[g.outputs[0]]
+
+
+@pytest.mark.parametrize("build,x_shape", [(_rows_to_cols, (2, 32)), (_cols_to_rows, (8, 8))])
+def test_a_resharding_chain_becomes_an_all_gather_and_a_slice(build, x_shape):
+    p = _problem(build, x_shape)
+    before = copy.deepcopy(p.dist)
+    assert rewrite_reshardings(p)
+    kinds = [op.kind for op in p.dist.ops]
+    assert "all_gather" in kinds and kinds[-1] == "dynamic_slice"
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal(x_shape).astype(np.float32) for _ in range(4)]
+    for got, want in zip(_outputs(p.dist, xs), _outputs(before, xs)):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("a2a_dim,perm", [(2, (1, 0, 2)), (1, (0, 1, 2))])
+def test_a_chain_no_gather_reproduces_stays(a2a_dim, perm):
+    # the exchange along the 8 columns of each piece, or no transpose moving the pieces
+    # next to the rows: a data movement, but not the block of a gathered tensor
+    shape = tuple((2, 4, 8)[i] for i in perm)
+
+    def build(b, x):
+        r = b.op("reshape", [x], (2, 4, 8), "float32")
+        a = b.op("all_to_all", [r], (2, 4, 8), "float32",
+                 {"split_dimension": a2a_dim, "concat_dimension": a2a_dim, "groups": GROUPS})
+        t = b.op("transpose", [a], shape, "float32", {"permutation": perm})
+        return b.op("reshape", [t], (8, 8), "float32")
+    p = _problem(build, (2, 32))
+    assert not rewrite_reshardings(p)
+    assert "all_gather" not in [op.kind for op in p.dist.ops]
+
+
+def test_only_flat_rank_programs_are_tried():
+    assert not rewrite_reshardings(_problem(_rows_to_cols, (2, 32), axes=("dp", "tp")))
+
+
+def test_an_fsdp_training_step_partitioned_by_xla_verifies():
+    res = verify_hlo(DATA / "fsdp_mlp.seq.hlo", DATA / "fsdp_mlp.dist.hlo")
+    assert res.verified, [f.message for f in res.failures[:2]]
+
+
+def test_a_resharding_exchanging_the_wrong_dim_does_not_verify():
+    res = verify_hlo(DATA / "fsdp_mlp.seq.hlo", DATA / "fsdp_mlp.dist_mutated.hlo")
+    assert not res.verified
+    # located in the corrupted chain (its reshape, all-to-all, transpose, reshape)
+    text = (DATA / "fsdp_mlp.dist_mutated.hlo").read_text().splitlines()
+    a2a = next(i for i, line in enumerate(text, 1) if "dimensions={2}, metadata" in line
+               and "all-to-all(" in line)
+    assert a2a - 1 <= res.failures[0].line <= a2a + 2, res.failures[0]
