@@ -140,14 +140,16 @@ def rewrite_reshardings(problem: Problem) -> bool:
     for chain in _chains(g):
         if any(op.kind not in _MOVES for op in chain):
             continue
-        # the longest prefix ending after the all-to-all that an all-gather reproduces
+        # the longest piece around the all-to-all that an all-gather reproduces
+        # (the chain may begin with moves of its own before the resharding starts)
         first = [op.kind for op in chain].index("all_to_all")
-        for stop in range(len(chain), first, -1):
-            ops = _replacement(g, problem.ids, chain[:stop], ranks)
+        pieces = sorted(((a, b) for a in range(first + 1) for b in range(len(chain), first, -1)),
+                        key=lambda ab: ab[0] - ab[1])
+        for a, b in pieces:
+            ops = _replacement(g, problem.ids, chain[a:b], ranks)
             if ops is None:
                 continue
-            end = chain[stop - 1]
-            at = g.ops.index(end)
+            at = g.ops.index(chain[b - 1])
             g.ops[at:at + 1] = ops
             changed = True
             break

@@ -99,3 +99,53 @@ def test_a_resharding_exchanging_the_wrong_dim_does_not_verify():
     a2a = next(i for i, line in enumerate(text, 1) if "dimensions={2}, metadata" in line
                and "all-to-all(" in line)
     assert a2a - 1 <= res.failures[0].line <= a2a + 2, res.failures[0]
+
+
+def test_a_chain_that_moves_its_operand_first_is_cut_where_the_resharding_starts():
+    # XLA transposes a weight gradient [16, 64] -> [64, 16] (columns split) before
+    # resharding it to rows: the transpose stays, the rest becomes a gather and a slice
+    def build(b, x):
+        t0 = b.op("transpose", [x], (64, 4), "float32", {"permutation": (1, 0)})
+        r = b.op("reshape", [t0], (4, 16, 4), "float32")
+        a = b.op("all_to_all", [r], (4, 16, 4), "float32",
+                 {"split_dimension": 0, "concat_dimension": 0, "groups": GROUPS})
+        t = b.op("transpose", [a], (16, 4, 4), "float32", {"permutation": (1, 0, 2)})
+        return b.op("reshape", [t], (16, 16), "float32")
+    p = _problem(build, (4, 64))
+    before = copy.deepcopy(p.dist)
+    assert rewrite_reshardings(p)
+    assert [op.kind for op in p.dist.ops][0] == "transpose" and "all_gather" in \
+        [op.kind for op in p.dist.ops]
+    xs = [np.random.default_rng(r).standard_normal((4, 64)).astype(np.float32) for r in range(4)]
+    for got, want in zip(_outputs(p.dist, xs), _outputs(before, xs)):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_gpt2_training_step_jitted_with_fsdp_shardings_verifies():
+    import sys
+
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    import dlverify
+    from dlverify.api import verify_jax
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "models"))
+    import gpt2 as G
+    cfg = G.Config(layers=1)
+    n = len(G.param_shapes(cfg))
+    args = G.args(cfg)
+    mesh = dlverify.host_mesh((2,), ("dp",))
+
+    def loss(*flat):
+        p, ids, labels = G._unpack(cfg, flat)
+        return G.xent(G.forward_seq(cfg, p, ids), labels, cfg.vocab)
+
+    def step(*flat):
+        value, grads = jax.value_and_grad(loss, argnums=tuple(range(n)))(*flat)
+        return (value, *grads)
+    # FSDP: every parameter whose dim 0 splits over the 2 devices is split along it
+    specs = [P("dp") if a.shape and a.shape[0] % 2 == 0 else P() for a in args[:n]]
+    jitted = jax.jit(step, in_shardings=tuple(NamedSharding(mesh, s)
+                                              for s in specs + [P("dp"), P("dp")]))
+    res = verify_jax(G.make_seq(cfg, True), jitted, *args)
+    assert res.verified, [f.message for f in res.failures[:2]]
