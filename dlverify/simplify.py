@@ -225,10 +225,8 @@ class _Simplifier(_FormRules):
         """`p * x` for a boolean mask p is `select(p, x, 0)` (select_n(p, 0, x)) over
         the reals (x real, so never 0 * inf): XLA writes `one_hot * x` as the
         select, and masks padding with the same select, which the rules read."""
-        if op.kind != "mul" or len(op.inputs) != 2:
-            return False
-        out = self.g.tensors[op.output]
-        if not np.issubdtype(np.dtype(out.dtype), np.floating):
+        out = self.float_binary(op, "mul")
+        if out is None:
             return False
         for pos in (0, 1):
             p, x = op.inputs[pos], op.inputs[1 - pos]

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dlverify.ir import Graph, IdAllocator, Op
+from dlverify.ir import Graph, IdAllocator, Op, Tensor
 from dlverify.ops.table import KINDS, Family
 from dlverify.rewrites import _Rewriter
 
@@ -146,12 +146,17 @@ class _FormRules(_Rewriter):
         first = v.flat[0]
         return float(first) if np.all(v == first) else None
 
+    def float_binary(self, op: Op, kind: str) -> Tensor | None:
+        """op's floating-point result when op is a two-operand `kind`, else None."""
+        if op.kind != kind or len(op.inputs) != 2:
+            return None
+        out = self.g.tensors[op.output]
+        return out if np.issubdtype(np.dtype(out.dtype), np.floating) else None
+
     def literal_product(self, op: Op) -> bool:
         """`(x * a) * b` is `x * fl(a * b)` (see the module docstring)."""
-        if op.kind != "mul" or len(op.inputs) != 2:
-            return False
-        out = self.g.tensors[op.output]
-        if not np.issubdtype(np.dtype(out.dtype), np.floating):
+        out = self.float_binary(op, "mul")
+        if out is None:
             return False
         for pos in (0, 1):
             b, inner = self.splat(op.inputs[pos]), self.producer.get(op.inputs[1 - pos])
