@@ -121,6 +121,29 @@ def _reshape_groups(src: tuple[int, ...], to: tuple[int, ...]
     return groups
 
 
+def _merge_groups(src: tuple[int, ...], to: tuple[int, ...]) -> list[list[int]] | None:
+    """When the reshape src -> to only merges runs of adjacent dims (size-1 dims
+    joining a neighbour's run): for each dim of `to` its run of src dims; else None."""
+    groups: list[list[int]] = []
+    i = 0
+    for size in to:
+        if i >= len(src):
+            return None
+        run, prod = [i], src[i]
+        i += 1
+        while prod < size and i < len(src):
+            run.append(i)
+            prod *= src[i]
+            i += 1
+        if prod != size:
+            return None
+        groups.append(run)
+    while i < len(src) and src[i] == 1 and groups:   # trailing size-1 dims join the last run
+        groups[-1].append(i)
+        i += 1
+    return groups if i == len(src) else None
+
+
 class _FormRules(_Rewriter):
     """The rules above, for `_Simplifier` (dlverify/simplify.py) to run in its pass."""
 
@@ -314,25 +337,51 @@ class _FormRules(_Rewriter):
         """A transpose that puts a dot's rhs free dims before its lhs free dims
         (batch dims in place, each group in its order) is the dot with its
         operands swapped: the program's weight gradient is transpose(dy^T x),
-        XLA's is x^T dy."""
+        XLA's is x^T dy. Also through a reshape of the dot's result that merges runs
+        of dims inside each group (sink_dot_reshape puts one there): the swapped
+        dot is then reshaped alike."""
         if op.kind != "transpose":
             return False
         d = self.producer.get(op.inputs[0])
+        r = None
+        if d is not None and d.kind == "reshape":
+            r, d = d, self.producer.get(d.inputs[0])
         if d is None or d.kind != "dot_general" or len(d.inputs) != 2:
             return False
         p = d.params
         nb = len(p["lhs_batch"])
         nl = len(self.shape(d.inputs[0])) - nb - len(p["lhs_contract"])
         nr = len(self.shape(d.inputs[1])) - nb - len(p["rhs_contract"])
-        swap = tuple(range(nb)) + tuple(range(nb + nl, nb + nl + nr)) + tuple(range(nb, nb + nl))
-        if nl == 0 or nr == 0 or tuple(op.params["permutation"]) != swap:
+        if nl == 0 or nr == 0:
+            return False
+        dshape = self.shape(d.output)
+        groups = [[i] for i in range(len(dshape))] if r is None else \
+            _merge_groups(dshape, self.shape(r.output))
+        if groups is None:
+            return False
+        regions = []   # per transposed dim: 0 batch, 1 lhs free, 2 rhs free
+        for g in groups:
+            regs = {0 if i < nb else 1 if i < nb + nl else 2 for i in g if dshape[i] != 1}
+            if len(regs) > 1:
+                return False
+            regions.append(regs.pop() if regs else (0 if g[0] < nb else 1 if g[0] < nb + nl else 2))
+        if regions != sorted(regions):
+            return False
+        b, lf, rf = ([k for k, reg in enumerate(regions) if reg == want] for want in (0, 1, 2))
+        if not lf or not rf or tuple(op.params["permutation"]) != tuple(b + rf + lf):
             return False
         q = dict(p)
         for role in ("batch", "contract"):
             q[f"lhs_{role}"], q[f"rhs_{role}"] = p[f"rhs_{role}"], p[f"lhs_{role}"]
+        dtype = self.g.tensors[op.output].dtype
         # (at the dot's source: a failure there is the dot's, e.g. its partial sums)
-        self.new_op("dot_general", [d.inputs[1], d.inputs[0]], self.shape(op.output),
-                    self.g.tensors[op.output].dtype, q, d, output=op.output)
+        if r is None:
+            self.new_op("dot_general", [d.inputs[1], d.inputs[0]], self.shape(op.output),
+                        dtype, q, d, output=op.output)
+            return True
+        swapped = tuple(dshape[:nb]) + tuple(dshape[nb + nl:]) + tuple(dshape[nb:nb + nl])
+        dot = self.new_op("dot_general", [d.inputs[1], d.inputs[0]], swapped, dtype, q, d)
+        self.new_op("reshape", [dot], self.shape(op.output), dtype, {}, op, output=op.output)
         return True
 
     def transpose_into_all_reduce(self, op: Op) -> bool:

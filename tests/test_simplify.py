@@ -615,3 +615,27 @@ def test_mutated_after_optimizations_module_is_not_verified(name, line, listed_f
     first = res.failures[0] if listed_first else next(
         f for f in res.failures if f.kind == "no-relation")
     assert (Path(first.file).name, first.line) == (path.name, line), first
+
+
+def test_a_transposed_dot_reshaped_in_between_is_the_swapped_dot():
+    # transpose(reshape(x^T dy)) with the reshape merging dy's free dims (h, d): the
+    # partitioner's weight gradient after its all-reduce; the dot of the swapped
+    # operands, reshaped alike
+    def build(b, x, dy):
+        d = _dot(b, x, dy, (4, 2, 3), (1,), (0,))
+        r = b.op("reshape", [d], (4, 6), "float32")
+        return b.op("transpose", [r], (6, 4), "float32", {"permutation": (1, 0)})
+    g = _check(build, [(4, 5), (5, 2, 3)], set())
+    (dot,) = [op for op in g.ops if op.kind == "dot_general"]
+    assert g.tensors[dot.output].shape == (2, 3, 4)      # dy's free dims first: swapped
+    assert g.ops[-1].kind == "reshape" and g.ops[-1].inputs == [dot.output]
+
+
+def test_a_reshape_mixing_the_two_groups_keeps_the_transpose():
+    # the reshape merges a dim of each operand's free group: no swap
+    def build(b, x, dy):
+        d = _dot(b, x, dy, (2, 2, 3), (2,), (0,))
+        r = b.op("reshape", [d], (4, 3), "float32")
+        return b.op("transpose", [r], (3, 4), "float32", {"permutation": (1, 0)})
+    g = _check(build, [(2, 2, 5), (5, 3)], set())
+    assert "transpose" in [op.kind for op in g.ops]
