@@ -121,7 +121,9 @@ def test_a_chain_that_moves_its_operand_first_is_cut_where_the_resharding_starts
         np.testing.assert_array_equal(got, want)
 
 
-def test_gpt2_training_step_jitted_with_fsdp_shardings_verifies():
+def _gpt2_jit_training_step(data_parallel_only: bool):
+    """GPT-2's training step jitted over 2 devices, the batch split; the parameters
+    split along dim 0 where it splits (FSDP), or replicated (data parallelism)."""
     import sys
 
     import jax
@@ -143,9 +145,25 @@ def test_gpt2_training_step_jitted_with_fsdp_shardings_verifies():
     def step(*flat):
         value, grads = jax.value_and_grad(loss, argnums=tuple(range(n)))(*flat)
         return (value, *grads)
-    # FSDP: every parameter whose dim 0 splits over the 2 devices is split along it
-    specs = [P("dp") if a.shape and a.shape[0] % 2 == 0 else P() for a in args[:n]]
+    specs = [P() if data_parallel_only or not a.shape or a.shape[0] % 2 else P("dp")
+             for a in args[:n]]
     jitted = jax.jit(step, in_shardings=tuple(NamedSharding(mesh, s)
                                               for s in specs + [P("dp"), P("dp")]))
-    res = verify_jax(G.make_seq(cfg, True), jitted, *args)
+    return verify_jax(G.make_seq(cfg, True), jitted, *args)
+
+
+def test_gpt2_training_step_jitted_with_fsdp_shardings_verifies():
+    res = _gpt2_jit_training_step(data_parallel_only=False)
+    assert res.verified, [f.message for f in res.failures[:2]]
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "data parallelism: the partitioner computes each weight gradient as x^T dy, "
+    "all-reduces, then transposes, with dy's (heads, head_dim) free dims unmerged and "
+    "merged after the dot; the sequential side merges them before the dot and "
+    "dot_layout's transpose hides that reshape from sink_dot_reshape, so the two "
+    "normal forms differ (exposing it breaks the 'free runs stay merged' form the "
+    "XLA-optimised dumps and Neuron mutants rely on)"))
+def test_gpt2_training_step_jitted_with_data_parallelism_verifies():
+    res = _gpt2_jit_training_step(data_parallel_only=True)
     assert res.verified, [f.message for f in res.failures[:2]]
