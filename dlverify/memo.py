@@ -1,5 +1,6 @@
-"""Memoised segment runs: a segment's facts and incoming views with ids renamed
-canonically, hashed; a segment seen before reuses its derived views.
+"""Memoised segment runs: a segment's facts and incoming views (padded views
+too) with ids renamed canonically, hashed; a segment seen before reuses its
+derived views and padded views.
 
 Why this is sound: the rules compare tensor ids, op ids, value ids and op
 signatures only for equality (no arithmetic, no ordering, no id constants), so
@@ -21,17 +22,19 @@ import json
 import marshal
 import os
 import sys
+from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import metadata
 from itertools import repeat
 from operator import itemgetter
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Collection
 
 from dlverify import schema as S
 
 ViewRow = tuple  # (s, d, r, offsets-record, tag-record | None, scale-record)
+PadRow = tuple  # (s, d, r, offsets-record, z): a Pad_View row (datalog/padded.dl)
 ID_TYPES = frozenset({"OpId", "TensorId"})
 MARSHAL_VERSION = 2  # the key's serialisation: version 2 writes no back-references, so equal rows
 # give equal bytes whatever objects they share (from 3 on, rows read back from the
@@ -114,9 +117,10 @@ def record_offsets(rec: object) -> list[int]:
 
 
 def canonicalise(order: list[int], tables: dict[S.Relation, list[tuple]],
-                 seeds: set[ViewRow]) -> Canonical:
+                 seeds: set[ViewRow], pad_seeds: Collection[PadRow] = ()) -> Canonical:
     """Rename the ids of a segment: `order` lists op and tensor ids in canonical order
-    (each op, its operands, its result, ops in program order); seeds become Seed rows."""
+    (each op, its operands, its result, ops in program order); seeds become Seed rows,
+    padded seeds Pad_Seed rows (named after the seeds, the same way)."""
     ids = _Namer()
     name = ids.__getitem__  # (names a new id on a miss: _Namer.__missing__)
     for x in order:
@@ -152,6 +156,8 @@ def canonicalise(order: list[int], tables: dict[S.Relation, list[tuple]],
     if seed_rows:
         out[S.SEED] = seed_rows
         out[S.SEED_OFF] = off_rows
+    if pad_seeds:
+        out.update(_pad_seed_rows(ids, pad_seeds))
 
     values, sigs = _Namer(), _Namer()
     first = VALUE_FIRST + (S.OP_SIG,)
@@ -188,6 +194,52 @@ def canonicalise(order: list[int], tables: dict[S.Relation, list[tuple]],
     return Canonical(out, h.hexdigest(), ids.back)
 
 
+def _pad_seed_rows(ids: _Namer, pad_seeds: Collection[PadRow]) -> dict[S.Relation, list[tuple]]:
+    """Pad_Seed and Pad_Seed_Off rows of the padded seeds, their tensors named as the
+    view seeds' are: by the window's names, ties by id (the padding value z is part
+    of every row, so seeds differing only in z give different keys)."""
+    named = ids.get
+    items = [(v, tuple(record_offsets(v[3]))) for v in pad_seeds]
+
+    def key(item: tuple) -> tuple:
+        (s, d, r, _, z), offs = item
+        return (named(s, 0), named(d, 0), r, offs, z)
+
+    items.sort(key=lambda it: (key(it), it[0][0], it[0][1]))
+    for (s, d, *_), _ in items:  # then name those tensors in that order
+        ids(s)
+        ids(d)
+    items.sort(key=key)
+    seed_rows, off_rows = [], []
+    for sid, ((s, d, r, _, z), offs) in enumerate(items, start=1):
+        seed_rows.append(S.PAD_SEED.row(id=sid, s=ids[s], d=ids[d], r=r, z=z))
+        off_rows.extend(S.PAD_SEED_OFF.row(id=sid, i=i, off=o) for i, o in enumerate(offs))
+    return {S.PAD_SEED: seed_rows, S.PAD_SEED_OFF: off_rows}
+
+
+def pad_views_back(canon: Canonical, rows: list[tuple]) -> list[PadRow]:
+    """Derived Pad_View rows of a canonical run, in the segment's own ids."""
+    b = canon.back
+    col = S.PAD_VIEW.column_index
+    s_, d_, r_, o_, z_ = (col(n) for n in ("s", "d", "r", "o", "z"))
+    return [(b[row[s_]], b[row[d_]], row[r_], row[o_], row[z_]) for row in rows]
+
+
+def pad_seed_views(tables: dict[S.Relation, list[tuple]]) -> list[PadRow]:
+    """Pad_View rows of the Pad_Seed rows among the input relations (the engine
+    builds them the same way, datalog/padded.dl)."""
+    col = S.PAD_SEED.column_index
+    offs: dict[int, dict[int, int]] = defaultdict(dict)
+    for sid, i, o in tables.get(S.PAD_SEED_OFF, []):
+        offs[sid][i] = o
+    out = []
+    for row in tables.get(S.PAD_SEED, []):
+        sid = row[col("id")]
+        o = tuple(offs[sid][i] for i in range(len(offs[sid])))
+        out.append((row[col("s")], row[col("d")], row[col("r")], offsets_record(o), row[col("z")]))
+    return out
+
+
 def views_back(canon: Canonical, rows: list[tuple]) -> list[ViewRow]:
     """Derived View rows of a canonical run, in the segment's own ids."""
     b = canon.back
@@ -220,9 +272,18 @@ def _tuplify(x: object) -> object:
     return x
 
 
+@dataclass(frozen=True)
+class Derived:
+    """What one segment derives: View rows and Pad_View rows, in canonical ids."""
+
+    views: list[tuple]
+    padded: list[tuple]
+
+
 @dataclass
 class Memo:
-    """Derived views per canonical segment, in memory and optionally on disk."""
+    """Derived views and padded views per canonical segment, in memory and optionally
+    on disk."""
 
     main_dl: Path
     engine: str
@@ -230,7 +291,7 @@ class Memo:
     hits: int = 0
     disk_hits: int = 0
     misses: int = 0
-    _mem: dict[str, list[tuple]] = field(default_factory=dict)
+    _mem: dict[str, Derived] = field(default_factory=dict)
     _salt: str = ""
 
     def __post_init__(self) -> None:
@@ -245,11 +306,11 @@ class Memo:
         name = hashlib.sha256(f"{self._salt}:{key}".encode()).hexdigest()
         return self.cache_dir / name[:2] / f"{name}.json"
 
-    def get(self, key: str) -> list[tuple] | None:
-        rows = self._mem.get(key)
-        if rows is not None:
+    def get(self, key: str) -> Derived | None:
+        got = self._mem.get(key)
+        if got is not None:
             self.hits += 1
-            return rows
+            return got
         if self.cache_dir is not None:
             path = self._path(key)
             if path.is_file():
@@ -257,20 +318,22 @@ class Memo:
                     data = json.loads(path.read_text())
                 except (OSError, ValueError):
                     data = None  # a torn or foreign file: recompute
-                if isinstance(data, dict) and data.get("key") == key:
-                    rows = [tuple(_tuplify(v) for v in row) for row in data["views"]]
-                    self._mem[key] = rows
+                # (a file without "padded" predates padded seeds: recompute)
+                if isinstance(data, dict) and data.get("key") == key and "padded" in data:
+                    got = Derived(*([tuple(_tuplify(v) for v in row) for row in data[part]]
+                                    for part in ("views", "padded")))
+                    self._mem[key] = got
                     self.hits += 1
                     self.disk_hits += 1
-                    return rows
+                    return got
         self.misses += 1
         return None
 
-    def put(self, key: str, rows: list[tuple]) -> None:
-        self._mem[key] = rows
+    def put(self, key: str, got: Derived) -> None:
+        self._mem[key] = got
         if self.cache_dir is not None:
             path = self._path(key)
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"key": key, "views": rows}))
+            tmp.write_text(json.dumps({"key": key, "views": got.views, "padded": got.padded}))
             os.replace(tmp, path)  # atomic: readers never see half a file

@@ -266,6 +266,12 @@ SEED = _rel("Seed", "View seed `id`: on rank r, d equals 2^e2 3^e3 5^e5 7^e7 tim
             "lo:number", "hi:number", "e2:number", "e3:number", "e5:number", "e7:number")
 SEED_OFF = _rel("Seed_Off", "Dim i of the block of seed `id` starts at `off` (-1: any).",
                 "id:number", "i:number", "off:number")
+PAD_SEED = _rel("Pad_Seed", "Padded view seed `id`: on rank r, element i of d is element o + i of s "
+                "where that lies inside s (offsets o in Pad_Seed_Off), elsewhere padding z as in "
+                "Pad_View. Carried into a segment from earlier ones, as Seed carries View.",
+                "id:number", "s:TensorId", "d:TensorId", "r:Rank", "z:number")
+PAD_SEED_OFF = _rel("Pad_Seed_Off", "Dim i of the padded block of seed `id` starts at `off`.",
+                    "id:number", "i:number", "off:number")
 OUTPUT_PAIR = _rel("Output_Pair", "Output number idx: sequential s is rebuilt from distributed d.",
                    "s:TensorId", "d:TensorId", "idx:number")
 OUTPUT_OFF = _rel("Output_Off", "The expected relation: on rank r, dim i of output d is the block "

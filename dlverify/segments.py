@@ -6,14 +6,15 @@ are evaluated in segments: a window of distributed ops in program order paired
 with a window of sequential ops. Each segment's engine run gets every fact of
 its ops (all of an op's facts, never part of them), the facts of the tensors
 they touch, the interned values and reduction sizes those facts name, and as
-seeds the views already derived for the tensors its ops read. Every rule is
-sound on any such subset, so the union of the segments' views is sound.
+seeds the views and padded views (datalog/padded.dl: blocks of uneven shards)
+already derived for the tensors its ops read. Every rule is sound on any such
+subset, so the union of the segments' views is sound.
 
 The schedule follows the derivation, not a clock:
 - a segment starts at the first distributed op that is *ready* (its operands
-  have views, its result has none) and has not been tried yet; an op ready at
-  the start of a segment counts as tried, so every segment makes progress and
-  a chain of any length advances one segment at a time (no lagging window);
+  have views or padded views, its result has neither) and has not been tried
+  yet; an op ready at the start of a segment counts as tried, so every segment
+  makes progress and a chain of any length advances one segment at a time;
 - it ends at a boundary of the program's repeated blocks (dlverify/structure.py:
   forward layers, backward layers) when it lies in one, so the segments of
   equal layers are equal up to renaming and one engine run serves them all
@@ -40,6 +41,7 @@ import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import Callable, Collection, Iterable
 
@@ -48,7 +50,8 @@ from dlverify.engine import EngineName, run_program
 from dlverify.facts import FactTables
 from dlverify.induction import ScanSummary, induct, splat_views
 from dlverify.ir import Graph
-from dlverify.memo import SIG_COLUMNS, Memo, canonicalise, offsets_record, views_back
+from dlverify.memo import (SIG_COLUMNS, Derived, Memo, PadRow, canonicalise, offsets_record,
+                           pad_seed_views, pad_views_back, views_back)
 from dlverify.problem import Problem
 from dlverify.structure import Repetition, Segment, SegmentPlan, find_repetitions
 
@@ -56,7 +59,7 @@ from dlverify.structure import Repetition, Segment, SegmentPlan, find_repetition
 GLOBAL = frozenset({S.RANK_COUNT})
 # Judged once after the last segment (see `_judge_outputs`).
 OUTPUT_RELS = frozenset({S.OUTPUT_PAIR, S.OUTPUT_OFF})
-SEEDS = frozenset({S.SEED, S.SEED_OFF})
+SEEDS = frozenset({S.SEED, S.SEED_OFF, S.PAD_SEED, S.PAD_SEED_OFF})
 SEQ_SLACK = 1.5  # sequential ops per distributed op, times the programs' ratio, off the blocks
 
 ViewRow = tuple  # (s, d, r, offsets-record, tag-record | None, scale-record), as the engine returns it
@@ -214,8 +217,9 @@ def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: E
     # Tensors that have a view, or need none (constants): what "ready" is judged by.
     has_s = set(seq.inputs) | {op.output for op in seq_ops if not op.inputs}
     has_s |= {row[0] for row in tables.get(S.SEQ_SPLAT, [])}
-    has_d = set(dist.inputs) | {op.output for op in dist_ops if not op.inputs}
-    has_d |= {row[0] for row in tables.get(S.DIST_SPLAT, [])}
+    constants_d = {op.output for op in dist_ops if not op.inputs}
+    constants_d |= {row[0] for row in tables.get(S.DIST_SPLAT, [])}
+    has_d = set(dist.inputs) | constants_d
     side_s, side_d = _Side(seq, has_s), _Side(dist, has_d)
 
     # Insertion-ordered (a dict): the views come out in the order they were derived,
@@ -242,6 +246,25 @@ def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: E
             new += 1
         return new
 
+    # Padded views (blocks of uneven shards, datalog/padded.dl) are carried like views:
+    # a tensor with only a padded view is related (its valid part) for the ready test.
+    known_pad: dict[PadRow, None] = {}
+    pad_by_seq: dict[int, set[PadRow]] = defaultdict(set)
+    pad_by_dist: dict[int, set[PadRow]] = defaultdict(set)
+
+    def learn_padded(rows: Iterable[PadRow]) -> int:  # as learn(), for padded views
+        new = 0
+        for row in rows:
+            if row in known_pad:
+                continue
+            known_pad[row] = None
+            pad_by_seq[row[0]].add(row)
+            pad_by_dist[row[1]].add(row)
+            side_s.add(row[0])
+            side_d.add(row[1])
+            new += 1
+        return new
+
     # The input relations are the first seeds.
     offs: dict[int, dict[int, int]] = defaultdict(dict)
     for sid, i, o in tables.get(S.SEED_OFF, []):
@@ -252,6 +275,7 @@ def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: E
         learn([(s, d, r, offsets_record(o), tag, scale)])
     for row in sorted(seeds_in or (), key=repr):
         learn([row])
+    learn_padded(pad_seed_views(tables))
     pending_scans = list(problem.scans)
     splats = splat_views(problem, tables) if pending_scans else {}
     body_plans: list[SegmentPlan] = []  # of the scan bodies' runs
@@ -272,19 +296,22 @@ def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: E
     plan = SegmentPlan(rep_s, rep_d)
     engines_used: list[str] = []
 
-    def evaluate(order: list[int], seeds: set[ViewRow]) -> tuple[list[ViewRow], str, float]:
-        """The views one window derives (ids and op/operand/result order in `order`),
-        from the memo when an equal window ran before; where they came from; seconds."""
-        wt = _window_tables(index, order, seeds)
-        canon = canonicalise(order, wt, seeds)
+    def evaluate(order: list[int], seeds: set[ViewRow],
+                 pad_seeds: set[PadRow]) -> tuple[list[ViewRow], list[PadRow], str, float]:
+        """The views and padded views one window derives (ids and op/operand/result
+        order in `order`), from the memo when an equal window ran before; where they
+        came from; seconds."""
+        wt = _window_tables(index, order, seeds, pad_seeds)
+        canon = canonicalise(order, wt, seeds, pad_seeds)
         t0 = time.perf_counter()
-        rows = memo.get(canon.key)
+        got = memo.get(canon.key)
         source = "memo"
-        if rows is None:
-            res = run_program(main_dl, canon.tables, [S.VIEW], engine=engine)
+        if got is None:
+            res = run_program(main_dl, canon.tables, [S.VIEW, S.PAD_VIEW], engine=engine)
             engines_used.append(res.engine)
-            rows = [tuple(r) for r in res.relations[S.VIEW.name]]
-            memo.put(canon.key, rows)
+            got = Derived([tuple(r) for r in res.relations[S.VIEW.name]],
+                          [tuple(r) for r in res.relations[S.PAD_VIEW.name]])
+            memo.put(canon.key, got)
             source = "engine"
             plan.engine_runs += 1
         elif memo.disk_hits > plan.cache_hits:
@@ -292,12 +319,13 @@ def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: E
         plan.cache_hits = memo.disk_hits
         seconds = time.perf_counter() - t0
         per_window.append(seconds)
-        return views_back(canon, rows), source, seconds
+        return views_back(canon, got.views), pad_views_back(canon, got.padded), source, seconds
 
     memo = Memo(main_dl, str(engine), cache_dir)
     ratio = len(seq_ops) / max(1, len(dist_ops))
     per_window: list[float] = []
     floor_s = 0
+    late_constants = sorted(_from_constants(dist, constants_d) - side_d.has)
     while True:
         p = side_d.first_ready()
         if p is None:
@@ -307,6 +335,15 @@ def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: E
                        if all(t in side_s.has for t in sc.seq.operands())
                        and all(t in side_d.has for t in sc.dist.operands())), None)
             if sc is None:
+                if late_constants:
+                    # An op reading a tensor computed from constants alone that has no
+                    # view (a mask of the padding: Mask_Prefix is derived per run) would
+                    # wait forever: such tensors now need none, so their consumers get
+                    # ready and their producers join the window (_constant_producers).
+                    for t in late_constants:
+                        side_d.add(t)
+                    late_constants = []
+                    continue
                 break
             pending_scans.remove(sc)
             t0 = time.perf_counter()
@@ -346,53 +383,73 @@ def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: E
         ready_s = [i for i in range(q, s_hi) if side_s.ready(i) and i not in side_s.tried]
 
         order: list[int] = []
-        w_ops = (_constant_producers(side_s, q, s_hi, by_seq) + seq_ops[q:s_hi]
-                 + _constant_producers(side_d, p, d_hi, by_dist) + dist_ops[p:d_hi])
+        w_ops = (_constant_producers(side_s, q, s_hi, by_seq, pad_by_seq) + seq_ops[q:s_hi]
+                 + _constant_producers(side_d, p, d_hi, by_dist, pad_by_dist) + dist_ops[p:d_hi])
         for op in w_ops:
             order.append(op.id)
             order.extend(op.inputs)
             order.append(op.output)
         seeds: set[ViewRow] = set()
+        pad_seeds: set[PadRow] = set()
         for op in seq_ops[q:s_hi]:
             for t in op.inputs:
                 seeds |= by_seq.get(t, set())
+                pad_seeds |= pad_by_seq.get(t, set())
         for t in d_reads:
             seeds |= by_dist.get(t, set())
-        seeds = {row for row in seeds
-                 if side_s.last_use.get(row[0], -1) >= q and side_d.last_use.get(row[1], -1) >= p}
-        derived, source, seconds = evaluate(order, seeds)
-        new = learn(derived)
+            pad_seeds |= pad_by_dist.get(t, set())
+
+        def live(row: tuple) -> bool:
+            return side_s.last_use.get(row[0], -1) >= q and side_d.last_use.get(row[1], -1) >= p
+        seeds = set(filter(live, seeds))
+        pad_seeds = set(filter(live, pad_seeds))
+        derived, derived_pad, source, seconds = evaluate(order, seeds, pad_seeds)
+        new = learn(derived) + learn_padded(derived_pad)
 
         side_d.tried.update(ready_d)
-        matched = [i for i in range(q, s_hi) if seq_ops[i].output in by_seq]
+        matched = [i for i in range(q, s_hi)
+                   if seq_ops[i].output in by_seq or seq_ops[i].output in pad_by_seq]
         if matched:
             side_s.tried.update(i for i in ready_s if i <= matched[-1])
         floor_s = q
-        plan.segments.append(Segment(len(plan.segments), (q, s_hi), (p, d_hi), len(seeds), new,
+        plan.segments.append(Segment(len(plan.segments), (q, s_hi), (p, d_hi),
+                                     len(seeds) + len(pad_seeds), new,
                                      seconds, source, f"distributed: {reason}; sequential: {why}"))
     plan.memo_hits = memo.hits + sum(b.memo_hits for b in body_plans)
     plan.cache_hits = memo.disk_hits + sum(b.cache_hits for b in body_plans)
     relations = {
         S.VIEW.name: list(known),
+        S.PAD_VIEW.name: list(known_pad),
         S.OUTPUT_OK.name: _judge_outputs(index, known, main_dl, engine),
-        **_frontiers(problem, tables, known),
+        **_frontiers(problem, tables, known, known_pad),
     }
     engine_name = engines_used[-1] if engines_used else ""
     return SegmentedRun(relations, time.perf_counter() - t_start, engine_name or str(engine),
                         len(per_window), per_window, plan)
 
 
-def _constant_producers(side: _Side, lo: int, hi: int, views: dict[int, set[ViewRow]]) -> list:
+def _from_constants(g: Graph, constants: set[int]) -> set[int]:
+    """Tensors of g computed from `constants` (nullary ops' results, splats) alone:
+    those, and the results of ops reading only such tensors (program order)."""
+    out = set(constants)
+    for op in g.ops:
+        if op.inputs and all(t in out for t in op.inputs):
+            out.add(op.output)
+    return out
+
+
+def _constant_producers(side: _Side, lo: int, hi: int, views: dict[int, set[ViewRow]],
+                        padded: dict[int, set[PadRow]]) -> list:
     """Ops outside [lo, hi) that compute, from constants alone, tensors the window
-    reads and that have no view yet (iota, broadcast constants): their views are
-    derived from their own facts, so they join the window."""
+    reads and that have no view (nor padded view) yet (iota, broadcast constants):
+    their views are derived from their own facts, so they join the window."""
     prod = side.producer
     want: set[int] = set()
     stack = [t for op in side.ops[lo:hi] for t in op.inputs]
     while stack:
         t = stack.pop()
         i = prod.get(t)
-        if i is None or lo <= i < hi or i in want or t not in side.has or t in views:
+        if i is None or lo <= i < hi or i in want or t not in side.has or t in views or t in padded:
             continue
         want.add(i)
         stack.extend(side.ops[i].inputs)
@@ -445,8 +502,10 @@ def _seq_start(ready_d: list[int], dist_ops: list, seq_ops: list,
     return min(near, default=first_fresh)
 
 
-def _window_tables(index: _Index, order: list[int], seeds: set[ViewRow]) -> dict[S.Relation, list[tuple]]:
-    """Every fact the rules can read about the window's ops, tensors and values.
+def _window_tables(index: _Index, order: list[int], seeds: set[ViewRow],
+                   pad_seeds: Collection[PadRow] = ()) -> dict[S.Relation, list[tuple]]:
+    """Every fact the rules can read about the window's ops, tensors and values
+    (and the tensors the seeds and padded seeds name).
     (Rows are grouped by relation name: hashing a Relation per row costs more than
     everything else here.)"""
     wt: dict[str, list[tuple]] = defaultdict(list)
@@ -467,7 +526,7 @@ def _window_tables(index: _Index, order: list[int], seeds: set[ViewRow]) -> dict
         for sig in dict.fromkeys(row[c] for row in wt.get(S.OP_SIG.name, ())):
             for name, row in index.by_sig.get(sig, ()):
                 wt[name].append(row)
-    for s, d, *_ in seeds:
+    for s, d, *_ in chain(seeds, pad_seeds):
         for t in (s, d):
             if t not in seen:
                 seen.add(t)
@@ -511,9 +570,12 @@ def _judge_outputs(index: _Index, known: Collection[ViewRow], main_dl: Path,
     return sorted((b[s], b[d], r) for s, d, r in res.relations[S.OUTPUT_OK.name])
 
 
-def _frontiers(problem: Problem, tables: FactTables, known: Collection[ViewRow]) -> dict[str, list[tuple]]:
-    """Seq_Frontier and Dist_Frontier of the union of the views, as datalog/verdict.dl
-    defines them: ops whose operands are all related (or constants) but whose result is not.
+def _frontiers(problem: Problem, tables: FactTables, known: Collection[ViewRow],
+               padded: Collection[PadRow]) -> dict[str, list[tuple]]:
+    """Seq_Frontier and Dist_Frontier of the union of the views and padded views, as
+    datalog/verdict.dl defines them: ops whose operands are all related (or constants)
+    but whose result is not; a padded block counts as related where an op reads it
+    (at an output, padding nothing cut off is where the relation ends).
     (Zero, derived per segment, is not carried here: a failing deep run may list an op
     reading a tensor that is zero on some rank.)"""
     ranks = range(int(tables[S.RANK_COUNT][0][0])) if tables.get(S.RANK_COUNT) else range(1)
@@ -523,6 +585,8 @@ def _frontiers(problem: Problem, tables: FactTables, known: Collection[ViewRow])
     seq_has |= {op.output for op in problem.seq.ops if op.id in known_ops}
     dist_has = {(v[1], v[2]) for v in known} | {(row[0], row[1]) for row in tables.get(S.DIST_SPLAT, [])}
     dist_has |= {(op.output, r) for op in problem.dist.ops if op.id in known_ops for r in ranks}
+    read = {t for op in problem.dist.ops for t in op.inputs}
+    dist_has |= {(v[1], v[2]) for v in padded if v[1] in read}
     seq_front = [(op.id,) for op in problem.seq.ops
                  if op.inputs and op.output not in seq_has and all(t in seq_has for t in op.inputs)]
     dist_front = [(op.id, r) for op in problem.dist.ops if op.inputs for r in ranks
