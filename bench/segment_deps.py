@@ -42,9 +42,9 @@ class Recorder:
         self._tables, self._back = SG._window_tables, SG.views_back
 
     def __enter__(self) -> "Recorder":
-        def tables(index, order, seeds):
+        def tables(index, order, seeds, *rest):   # (rest: the padded seeds)
             self.windows.append({"seeds": set(seeds), "derived": None})
-            return self._tables(index, order, seeds)
+            return self._tables(index, order, seeds, *rest)
 
         def back(canon, rows):
             out = self._back(canon, rows)
