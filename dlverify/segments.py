@@ -471,7 +471,10 @@ def _seq_start(ready_d: list[int], dist_ops: list, seq_ops: list,
     for i in ready_d:
         dop = dist_ops[i]
         related = [{row[0] for row in by_dist.get(t, ())} for t in dop.inputs]
-        keyed = [(len(r), k) for k, r in enumerate(related) if r]
+        # search from the operand whose related tensors have the fewest readers (a
+        # shared constant, read by every op of a chain, would make the search linear)
+        keyed = [(sum(len(side_s.consumers.get(x, ())) for x in r), k)
+                 for k, r in enumerate(related) if r]
         if not keyed:
             continue
         _, k = min(keyed)
