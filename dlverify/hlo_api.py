@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from dlverify.frontends.hlo import HloModule
     from dlverify.frontends.hlo.pairing import PairingRecord
     from dlverify.patterns import Pattern
+    from dlverify.trial import Build
 
 
 def read_hlo_module(path: str | Path) -> "HloModule":
@@ -114,26 +115,29 @@ def verify_hlo(seq_path: str | Path, dist_path: str | Path, spec_path: str | Pat
     `patterns`: the bug patterns matched on a failure (None: the shipped ones)."""
     from dlverify.trial import verify_by_trial
 
-    t_spec = time.perf_counter()
+    t0 = time.perf_counter()
     spec = load_spec(spec_path) if spec_path is not None else None
     registry = _registry(custom_calls)
-    spec_seconds = time.perf_counter() - t_spec
+    spec_seconds = time.perf_counter() - t0
 
-    parse_seconds: dict[int, float] = {}   # per problem built (by id): its own parse time
-
-    def build(choice: dict[int, int], records: "PairingRecord") -> Problem:
-        t0 = time.perf_counter()
-        problem = hlo_problem(seq_path, dist_path, spec, ranks, IdAllocator(),
-                              custom_calls=registry, records=records, choice=choice)
-        relate_elided_constants(problem)
-        parse_seconds[id(problem)] = time.perf_counter() - t0 + spec_seconds
-        return problem
-
-    def verify(problem: Problem) -> Result:
+    def verify(problem: Problem, build_seconds: float) -> Result:
         return verify_problem(problem, engine=engine, window=window, keep_facts=keep_facts,
-                              timings={"parse": parse_seconds[id(problem)]}, cache_dir=cache_dir,
-                              rules_dir=rules_dir, patterns=patterns)
-    return verify_by_trial(build, verify).result
+                              timings={"parse": spec_seconds + build_seconds},
+                              cache_dir=cache_dir, rules_dir=rules_dir, patterns=patterns)
+    return verify_by_trial(hlo_builder(seq_path, dist_path, spec, ranks, registry), verify).result
+
+
+def hlo_builder(seq_path: str | Path, dist_path: str | Path, spec: Spec | None,
+                ranks: int | None, custom_calls: dict | None) -> "Build":
+    """build(choice, records): the Problem of the pair under that choice of candidate
+    relations (dlverify/trial.py), its elided constants related; what `verify_hlo`
+    and `dlverify spec` verify."""
+    def build(choice: dict[int, int], records: "PairingRecord") -> Problem:
+        problem = hlo_problem(seq_path, dist_path, spec, ranks, IdAllocator(),
+                              custom_calls=custom_calls, records=records, choice=choice)
+        relate_elided_constants(problem)
+        return problem
+    return build
 
 
 def _registry(custom_calls: str | Path | dict | None) -> dict | None:
@@ -233,9 +237,11 @@ def dump_modules(dump_dir: str | Path) -> list[DumpModule]:
 _HEADER_PARAMS = re.compile(r"entry_computation_layout=\{\((.*?)\)->")
 _ARRAY = re.compile(r"([a-z]+[0-9]*)\[([0-9,]*)\]")
 _PARTITIONS = re.compile(r"num_partitions=(\d+)")
+# A module header's ENTRY parameters (dtype, shape) and partition count.
+Fingerprint = tuple[tuple[tuple[str, tuple[int, ...]], ...], int]
 
 
-def _fingerprint(path: Path) -> tuple[tuple[tuple[str, tuple[int, ...]], ...], int] | None:
+def _fingerprint(path: Path) -> Fingerprint | None:
     """The ENTRY parameters (dtype, shape) and partition count a module's header
     declares, or None when the header does not say (read from the first line only)."""
     try:
@@ -252,17 +258,16 @@ def _fingerprint(path: Path) -> tuple[tuple[tuple[str, tuple[int, ...]], ...], i
     return params, int(parts.group(1)) if parts else 1
 
 
-def _fits(before: Path, after: Path) -> bool:
-    """Whether the per-device module `after` can be the partitioned `before`: the
-    same parameter count and dtypes, each shape the global one or a block the
-    partition count allows (param_infer.shapes_compatible)."""
+def _fits(fb: Fingerprint | None, fa: Fingerprint | None) -> bool:
+    """Whether the per-device module of fingerprint `fa` can be the partitioned module
+    of `fb`: the same parameter count and dtypes, each shape the global one or a block
+    the partition count allows (param_infer.shapes_compatible)."""
     from dlverify.frontends.hlo.param_infer import shapes_compatible
 
-    fb, fa = _fingerprint(before), _fingerprint(after)
     if fb is None or fa is None or len(fb[0]) != len(fa[0]):
         return False
     n = fa[1]
-    return all(db == da and (sb == sa or shapes_compatible(sb, sa, n))
+    return all(db == da and shapes_compatible(sb, sa, n)
                for (db, sb), (da, sa) in zip(fb[0], fa[0]))
 
 
@@ -286,8 +291,11 @@ def _pair_renumbered(stages: dict[str, dict[str, Path]]) -> None:
         if len(names) == 1 and len(other) == 1:
             stages[names[0]].update(stages.pop(other[0]))
             continue
-        after_of = {b: [a for a in other if _fits(stages[b]["before"], _after_file(stages[a]))]
-                    for b in names}
+        prints = {a: _fingerprint(_after_file(stages[a])) for a in other}   # each file once
+        after_of: dict[str, list[str]] = {}
+        for b in names:
+            fb = _fingerprint(stages[b]["before"])
+            after_of[b] = [a for a in other if _fits(fb, prints[a])]
         taken = [a for fits in after_of.values() for a in fits]
         for b, fits in after_of.items():
             if len(fits) == 1 and taken.count(fits[0]) == 1:

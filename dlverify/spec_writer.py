@@ -45,25 +45,15 @@ def infer_spec(seq_path: str | Path, dist_path: str | Path, spec_path: str | Pat
     """Infer the spec of an HLO pair (see the module docstring). `spec_path`: a
     partial spec whose statements are kept (e.g. its [dist_params])."""
     from dlverify.api import verify_problem
-    from dlverify.frontends.hlo.pairing import PairingRecord
-    from dlverify.hlo_api import _registry, hlo_problem, relate_elided_constants
+    from dlverify.hlo_api import _registry, hlo_builder
     from dlverify.outputs import infer_output_relation
-    from dlverify.problem import Problem
     from dlverify.trial import verify_by_trial
 
     spec: Spec | None = load_spec(spec_path) if spec_path is not None else None
-    stated: dict[int, list] = {}
-
-    def build(choice: dict[int, int], records: PairingRecord) -> Problem:
-        problem = hlo_problem(seq_path, dist_path, spec, ranks, IdAllocator(),
-                              custom_calls=_registry(custom_calls), records=records, choice=choice)
-        stated[id(problem)] = list(problem.outputs)
-        relate_elided_constants(problem)
-        return problem
-
-    outcome = verify_by_trial(build, lambda p: verify_problem(p, engine=engine))  # type: ignore[arg-type]
+    build = hlo_builder(seq_path, dist_path, spec, ranks, _registry(custom_calls))
+    outcome = verify_by_trial(build, lambda p, _: verify_problem(p, engine=engine))  # type: ignore
     problem, res, records = outcome.problem, outcome.result, outcome.record
-    stated_outputs = stated[id(problem)]
+    stated_outputs = list(problem.outputs)   # (verifying infers, it does not fill them in)
     n = problem.mesh.size
     seq_name, dist_name = Path(seq_path).name, Path(dist_path).name
     lines = [f"# Relation spec for {seq_name} (sequential) vs {dist_name} (distributed),",

@@ -21,7 +21,8 @@ is located past what some layout explains, with a note of what was tried.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from dlverify.frontends.hlo.pairing import PairingRecord
@@ -32,7 +33,7 @@ from dlverify.verdict import Result
 MAX_TRIALS = 8
 
 Build = Callable[[dict[int, int], PairingRecord], Problem]
-Verify = Callable[[Problem], Result]
+Verify = Callable[[Problem, float], Result]   # the problem and the seconds its build took
 
 
 @dataclass(frozen=True)
@@ -54,35 +55,38 @@ def _related(res: Result) -> tuple[int, int]:
     return len({v.dist for v in res.views}), first
 
 
+def _attempt(build: Build, verify: Verify, choice: dict[int, int], trials: int) -> TrialOutcome:
+    """Build the pair under `choice` and verify it (the `trials`-th verification)."""
+    record = PairingRecord()
+    t0 = time.perf_counter()
+    problem = build(choice, record)
+    return TrialOutcome(problem, verify(problem, time.perf_counter() - t0), choice, record, trials)
+
+
 def verify_by_trial(build: Build, verify: Verify, max_trials: int = MAX_TRIALS) -> TrialOutcome:
     """Verify `build(choice, record)` under the likeliest candidates, then under
     others (see the module docstring)."""
-    record = PairingRecord()
-    problem = build({}, record)
-    best = TrialOutcome(problem, verify(problem), {}, record, 1)
-    if best.result.verified or not record.candidates:
+    best = _attempt(build, verify, {}, 1)
+    candidates = best.record.candidates
+    if best.result.verified or not candidates:
         return best
     best_score, trials = _related(best.result), 1
-    for number, labels in sorted(record.candidates.items()):
+    for number, labels in sorted(candidates.items()):
         for i in range(1, len(labels)):
             if trials >= max_trials:
                 break
-            choice = {**best.choice, number: i}
-            rec = PairingRecord()
-            prob = build(choice, rec)
-            res = verify(prob)
             trials += 1
-            if res.verified:
-                return TrialOutcome(prob, res, choice, rec, trials)
-            if _related(res) > best_score:
-                best, best_score = TrialOutcome(prob, res, choice, rec, trials), _related(res)
+            out = _attempt(build, verify, {**best.choice, number: i}, trials)
+            if out.result.verified:
+                return out
+            if _related(out.result) > best_score:
+                best, best_score = out, _related(out.result)
     best.result.notes.append(
         f"not verified under any of the candidate relations tried ({trials} verifications): "
-        + "; ".join(f"parameter {k}: {' or '.join(v)}"
-                    for k, v in sorted(record.candidates.items()))
+        + "; ".join(f"parameter {k}: {' or '.join(v)}" for k, v in sorted(candidates.items()))
         + "; shown: the choice under which the most distributed values relate (see the "
           "assumptions)")
-    return TrialOutcome(best.problem, best.result, best.choice, best.record, trials)
+    return replace(best, trials=trials)
 
 
 __all__ = ["MAX_TRIALS", "TrialOutcome", "verify_by_trial"]

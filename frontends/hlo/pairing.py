@@ -179,7 +179,8 @@ def _pair_params(seq: Graph, sp: list[HloParam], dist: Graph, dp: list[HloParam]
                                        or shapes_compatible(a.shape, b.shape, n))
 
     def fits_reshaped(a: HloParam, b: HloParam) -> bool:   # only where nothing else pairs
-        return fits(a, b) or (a.dtype == b.dtype and bool(reshaped_split_dims(a.shape, b.shape, n)))
+        return fits(a, b) or (a.dtype == b.dtype
+                               and bool(reshaped_split_dims(a.shape, b.shape, n)))
     by_num = {b.number: b for b in dp}
     if len(free_s) == len(free_d) and all(a.number == b.number and fits(a, b)
                                            for a, b in zip(free_s, free_d)):
@@ -256,7 +257,6 @@ def _shape_candidates(a: HloParam, b: HloParam, n: int, finders: tuple[CutFinder
         why = "replicated (same shape in both programs)"
         return [_Decision(replicated(a.shape, n), evidence=why, assumption=f"{head}: {why}",
                           label="replicated")]
-    cands: list[_Decision] = []
     d = even_split_dim(a.shape, b.shape, n)
     if d is not None:
         segs = infer_segments(finders[0], a.tensor, finders[1], b.tensor, d, n)
@@ -271,6 +271,7 @@ def _shape_candidates(a: HloParam, b: HloParam, n: int, finders: tuple[CutFinder
         why = f"split evenly along dim {d} over {n} ranks, rank order (inferred from the shapes)"
         return [_Decision(split_relation(a.shape, d, n), evidence=why,
                           assumption=f"{head}: {why}", label=f"split along dim {d}")]
+    cands: list[_Decision] = []
     for rd in reshaped_split_dims(a.shape, b.shape, n):
         rel = replicated(a.shape, n) if rd is None else split_relation(a.shape, rd, n)
         what = "the whole value" if rd is None else \
@@ -332,12 +333,6 @@ def _record(pair: ParamPair, dec: _Decision, n: int) -> ParamRecord:
     why = "; ".join(x for x in (dec.evidence, pair.evidence and f"paired: {pair.evidence}") if x)
     if dec.rank0_only:
         entry: ParamSpec | None = ParamSpec("rank0_only", dist=dist)
-    elif dec.reshaped:
-        rel = dec.relation
-        assert rel is not None
-        d = split_dim_of(rel, n)
-        entry = (ParamSpec("replicated", dist=dist, reshaped=True) if rel.is_replicated()
-                 else ParamSpec("split", d, dist=dist, reshaped=True) if d is not None else None)
     elif dec.pad is not None:
         entry = ParamSpec("split", dec.segment_dim, dist=dist, pad=dec.pad)
     elif dec.segments is not None:
@@ -346,8 +341,9 @@ def _record(pair: ParamPair, dec: _Decision, n: int) -> ParamRecord:
         rel = dec.relation
         assert rel is not None
         d = split_dim_of(rel, n)
-        entry = (ParamSpec("replicated", dist=dist) if rel.is_replicated()
-                 else ParamSpec("split", d, dist=dist) if d is not None else None)
+        entry = (ParamSpec("replicated", dist=dist, reshaped=dec.reshaped) if rel.is_replicated()
+                 else ParamSpec("split", d, dist=dist, reshaped=dec.reshaped) if d is not None
+                 else None)
     return ParamRecord(a.number, b.number if b is not None else None, entry, why)
 
 
