@@ -30,8 +30,6 @@ from dlverify.interpret import Interpreter
 from dlverify.ir import Graph, GraphBuilder, IdAllocator, Op
 from dlverify.problem import Problem
 
-# Ops a resharding chain is made of (one data input each).
-_MOVES = frozenset({"reshape", "transpose", "all_to_all"})
 MAX_CHAIN = 6
 MAX_TAGGED = 1 << 20   # elements per rank run through the proof
 
@@ -77,10 +75,10 @@ def _run(tensors: dict, ops: list[Op], x: int, ranks: int) -> dict[int, list[np.
 def _candidate(g: Graph, ids: IdAllocator, x: int, end: Op, groups: list[list[int]], ranks: int,
                s: int, t: int) -> Graph:
     """all_gather(x, s) sliced at q(rank) * size along t, in a scratch graph holding
-    g's tensors and its own."""
+    x, the chain's end and the new tensors only (not a copy of all of g's)."""
     xt, ot = g.tensors[x], g.tensors[end.output]
     n = len(groups[0])
-    scratch = Graph("candidate", tensors=dict(g.tensors))
+    scratch = Graph("candidate", tensors={x: xt, end.output: ot})
     b = GraphBuilder(scratch, ids)
     gathered_shape = tuple(d * n if i == s else d for i, d in enumerate(xt.shape))
     gathered = b.op("all_gather", [x], gathered_shape, xt.dtype,
@@ -138,8 +136,6 @@ def rewrite_reshardings(problem: Problem) -> bool:
     ranks = problem.mesh.size
     changed = False
     for chain in _chains(g):
-        if any(op.kind not in _MOVES for op in chain):
-            continue
         # the longest piece around the all-to-all that an all-gather reproduces
         # (the chain may begin with moves of its own before the resharding starts)
         first = [op.kind for op in chain].index("all_to_all")

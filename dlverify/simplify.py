@@ -180,8 +180,7 @@ class _Simplifier(_FormRules):
         exact integer (XLA writes `x / 32` as `x * 0.03125`), is `x / (1/c)`, so
         it meets the division; other literals are left alone (`x * 0.33333334`
         is not `x / 3` over the reals, and `x * 2` is no division in disguise)."""
-        if op.kind != "mul" or len(op.inputs) != 2 or \
-                not np.issubdtype(np.dtype(self.g.tensors[op.output].dtype), np.floating):
+        if self.float_binary(op, "mul") is None:
             return False
         for pos in (0, 1):
             c, x = op.inputs[pos], op.inputs[1 - pos]
@@ -195,10 +194,7 @@ class _Simplifier(_FormRules):
             if not np.isfinite(inv) or abs(float(inv)) <= 1 or not float(inv).is_integer() \
                     or Fraction(float(inv)) * Fraction(value) != 1:
                 continue                            # only x * 2^-k, written for x / 2^k
-            scalar = self.builder.constant(inv, (), dtype, op.loc, op.name)
-            self.producer[scalar] = self.out[-1]
-            y = self.new_op("broadcast_in_dim", [scalar], self.shape(c), dtype,
-                            {"broadcast_dimensions": ()}, op)
+            y = self.splat_of(inv, self.shape(c), dtype, op)
             self.new_op("div", [x, y], self.shape(op.output), self.g.tensors[op.output].dtype, {},
                         op, output=op.output)
             return True
@@ -214,10 +210,7 @@ class _Simplifier(_FormRules):
         if neg is None or neg.kind != "neg" or not np.issubdtype(np.dtype(out.dtype), np.floating):
             return False
         power = self.new_op("pow", [op.inputs[0], neg.inputs[0]], out.shape, out.dtype, {}, op)
-        one = self.builder.constant(np.ones((), out.dtype), (), out.dtype, op.loc, op.name)
-        self.producer[one] = self.out[-1]
-        ones = self.new_op("broadcast_in_dim", [one], out.shape, out.dtype,
-                           {"broadcast_dimensions": ()}, op)
+        ones = self.splat_of(1, out.shape, out.dtype, op)
         self.new_op("div", [ones, power], out.shape, out.dtype, {}, op, output=op.output)
         return True
 
@@ -233,10 +226,7 @@ class _Simplifier(_FormRules):
             if self.g.tensors[p].dtype != "bool" or self.g.tensors[x].dtype != out.dtype \
                     or not self.shape(p) == self.shape(x) == out.shape:
                 continue
-            zero = self.builder.constant(np.zeros((), out.dtype), (), out.dtype, op.loc, op.name)
-            self.producer[zero] = self.out[-1]
-            zeros = self.new_op("broadcast_in_dim", [zero], out.shape, out.dtype,
-                                {"broadcast_dimensions": ()}, op)
+            zeros = self.splat_of(0, out.shape, out.dtype, op)
             self.new_op("select_n", [p, zeros, x], out.shape, out.dtype, {}, op, output=op.output)
             return True
         return False

@@ -169,6 +169,14 @@ class _FormRules(_Rewriter):
         first = v.flat[0]
         return float(first) if np.all(v == first) else None
 
+    def splat_of(self, value: object, shape: tuple[int, ...], dtype: str, op: Op) -> int:
+        """A new tensor of `shape` holding `value` everywhere (a scalar constant
+        broadcast), made at `op`."""
+        scalar = self.builder.constant(np.asarray(value, dtype), (), dtype, op.loc, op.name)
+        self.producer[scalar] = self.out[-1]
+        return self.new_op("broadcast_in_dim", [scalar], shape, dtype,
+                           {"broadcast_dimensions": ()}, op)
+
     def float_binary(self, op: Op, kind: str) -> Tensor | None:
         """op's floating-point result when op is a two-operand `kind`, else None."""
         if op.kind != kind or len(op.inputs) != 2:
@@ -202,10 +210,7 @@ class _FormRules(_Rewriter):
                             f"XLA's constant folding computes it")
                     if note not in self.assumptions:
                         self.assumptions.append(note)
-                scalar = self.builder.constant(folded, (), out.dtype, op.loc, op.name)
-                self.producer[scalar] = self.out[-1]
-                y = self.new_op("broadcast_in_dim", [scalar], out.shape, out.dtype,
-                                {"broadcast_dimensions": ()}, op)
+                y = self.splat_of(folded, out.shape, out.dtype, op)
                 self.new_op("mul", [x, y], out.shape, out.dtype, {}, op, output=op.output)
                 return True
         return False
