@@ -192,24 +192,33 @@ def pad_rows(add: AddRow, op: Op) -> None:
 
 
 def update_rows(add: AddRow, g: Graph, op: Op, fold: Folded) -> None:
-    """Update_Window rows of a dynamic_update_slice whose update is
-    smaller than the operand in exactly one dim, with starts known before run
-    time; starts are clamped as XLA clamps them (the evaluator's `clamp_start`)."""
+    """Update_Window rows of a dynamic_update_slice whose update is smaller than
+    the operand in exactly one dim, Update_Cell rows when it is smaller in two
+    and has one element along one of them (the gradient of a per-rank
+    dynamic_slice taking part of one row: a query-head range of one KV group),
+    with starts known before run time; starts are clamped as XLA clamps them
+    (the evaluator's `clamp_start`)."""
     z, u = g.tensors[op.inputs[0]].shape, g.tensors[op.inputs[1]].shape
     starts = op.inputs[2:]
     smaller = [k for k in range(len(z)) if u[k] < z[k]]
     if tuple(u) == tuple(z):
         add(S.UPDATE_WHOLE, op.id)
-    if len(smaller) != 1 or len(starts) != len(z) or not all(s in fold.small for s in starts):
+    if len(smaller) not in (1, 2) or len(starts) != len(z) or not all(s in fold.small for s in starts):
         return
-    k = smaller[0]
+    if len(smaller) == 2:   # the dim where the update has one element is the outer one
+        smaller.sort(key=lambda k: u[k] != 1)
+        if u[smaller[0]] != 1:
+            return
     try:
-        clamped = [clamp_start(scalar_index(fold.small[starts[k]][r]), z[k], u[k])
+        clamped = [[clamp_start(scalar_index(fold.small[starts[k]][r]), z[k], u[k]) for k in smaller]
                    for r in range(fold.ranks)]
     except NotExecutable:  # a start that is not one integer: no fact, so no rule applies
         return
-    for r, start in enumerate(clamped):
-        add(S.UPDATE_WINDOW, op.id, r, k, start)
+    for r, at in enumerate(clamped):
+        if len(smaller) == 1:
+            add(S.UPDATE_WINDOW, op.id, r, smaller[0], at[0])
+        else:
+            add(S.UPDATE_CELL, op.id, r, smaller[0], at[0], smaller[1], at[1])
 
 
 def add_facts(add: AddRow, graph: Graph, fold: Folded, dist: bool) -> None:

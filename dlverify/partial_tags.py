@@ -14,6 +14,10 @@ complete it. The families (datalog/partials.dl, datalog/update.dl):
   operand 1's producer (axis b), both with the same range size;
 - MASK_BASE + k: F(i) is `op`'s output masked to its index i along dim k
   (the terms a dynamic_update_slice into zeros writes);
+- MASK2_BASE + PAIR * k_out + k_in: F(i * n + j), n the output's size along k_in, is
+  `op`'s output masked to its index i along k_out and j along k_in (the terms a
+  dynamic_update_slice into zeros writes when its update has one element along
+  k_out and part of k_in);
 - WINDOW_BASE + k: `op` is a sequential dynamic_update_slice into zeros writing
   at `start` along k; F(i), i below the update's size, is its output masked to
   index start + i along k;
@@ -49,6 +53,7 @@ WINDOW_BASE = S.TAG_WINDOW_BASE
 ACC_BASE = S.TAG_ACC_BASE
 CAT_BASE = S.TAG_CAT_BASE
 HELD_BASE = S.TAG_HELD_BASE
+MASK2_BASE = S.TAG_MASK2_BASE
 GROUP_BASE = S.TAG_GROUP_BASE
 GROUP_RADIX = S.TAG_GROUP_RADIX
 TRANS_BASE = S.TAG_TRANS_BASE
@@ -71,6 +76,10 @@ def full_size(seq: Graph, op_id: int, axis: int) -> int:
         return full_size(seq, op_id, axis % PAIR)
     if is_group_axis(axis):
         return group_class(axis).count
+    if MASK2_BASE <= axis < GROUP_BASE:   # two masked dims, flattened
+        k_out, k_in = divmod(axis - MASK2_BASE, PAIR)
+        shape = seq.tensors[_op(seq, op_id).output].shape
+        return shape[k_out] * shape[k_in]
     if HELD_BASE <= axis < GROUP_BASE:   # a reduction plus a held value: the reduction's size
         i, a = divmod(axis - HELD_BASE, PAIR)
         return full_size(seq, _producer(seq, _op(seq, op_id).inputs[i]).id, a)

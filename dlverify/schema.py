@@ -181,6 +181,12 @@ UPDATE_WINDOW = _rel("Update_Window", "dynamic_update_slice on rank r (0: sequen
                      "at `start` along dim k, the only dim where the update is smaller than the "
                      "operand (starts folded to constants, clamped as XLA does).",
                      "op:OpId", "r:Rank", "k:number", "start:number")
+UPDATE_CELL = _rel("Update_Cell", "dynamic_update_slice on rank r writes its update at `a_out` "
+                   "along dim k_out, where the update has one element, and at `a_in` along "
+                   "dim k_in: the only two dims where the update is smaller than the operand "
+                   "(starts folded to constants, clamped as XLA does).",
+                   "op:OpId", "r:Rank", "k_out:number", "a_out:number", "k_in:number",
+                   "a_in:number")
 CONCAT_DIM = _rel("Concat_Dim", "concatenate along dim k.", "op:OpId", "k:number")
 CONCAT_OFFSET = _rel("Concat_Offset", "Operand `pos` of concatenate starts at `off` along the "
                      "concat dim; n operands in all.", "op:OpId", "pos:number", "off:number",
@@ -358,6 +364,9 @@ TAG_CAT_BASE = 6000
 # TAG_HELD_BASE + PAIR * i + a: an add whose operand i is the reduction along axis a and
 # whose other operand is held by the rank of term 0 (partials.dl).
 TAG_HELD_BASE = 7000
+# TAG_MASK2_BASE + PAIR * k_out + k_in: an output masked to one index along dim k_out and
+# one along k_in, the pairs flattened row-major with k_out outer (update.dl).
+TAG_MASK2_BASE = 8000
 # Above TAG_GROUP_BASE: a class of groups of a collective (the tag's op): GROUP_BASE +
 # (first * RADIX + stride) * RADIX + count (dlverify/partial_tags.py).
 TAG_GROUP_BASE, TAG_GROUP_RADIX = 100000, 512
@@ -380,6 +389,8 @@ TAG_CONSTANTS = (
            "Tag axis base: a concatenation of reductions along one axis with equally many terms."),
     _const("Tag_HeldBase", "base:number", TAG_HELD_BASE,
            "Tag axis base: the terms of a reduction plus a value held with its term 0."),
+    _const("Tag_Mask2Base", "base:number", TAG_MASK2_BASE,
+           "Tag axis base: an output masked to one index along each of two dims."),
     _const("Tag_GroupBase", "base:number", TAG_GROUP_BASE,
            "Tag axis base: the sums over a class of groups of a collective."),
     _const("Tag_GroupRadix", "k:number", TAG_GROUP_RADIX,
