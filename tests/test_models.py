@@ -94,11 +94,9 @@ VARIANTS = [
      _variant(LLAMA3, 8, False, True, heads=16, kv_heads=8), None),
     ("llama3_one_kv_head_per_rank_tp8_sp_train",
      _variant(LLAMA3, 8, True, True, heads=16, kv_heads=8, seq=16), None),
+    # one position per rank: the norm-weight gradient sums the batch only (reduce_squeeze.dl)
     ("llama3_one_position_per_rank_tp2_sp_train",
-     _variant(LLAMA3, 2, True, True, seq=2),
-     "one position per rank (seq 2 over 2 ranks; the same at TP=8 with seq 8): JAX reduces the norm-weight gradient over "
-     "the batch only, the sequential side over batch and positions; no rule pairs a reduction "
-     "with one that also reduces a dim held with size 1 locally"),
+     _variant(LLAMA3, 2, True, True, seq=2), None),
     ("llama3_kv_heads_replicated_tp8_forward",
      _variant(LLAMA3, 8, False, False, heads=16, kv_heads=4), None),
     # (at TP=8 with kv_heads=4 the same gap: one representative is enough)
@@ -114,10 +112,8 @@ VARIANTS = [
      _variant(GPT2, 8, False, True, heads=8), None),
     ("gpt2_one_head_per_rank_tp8_sp_train",
      _variant(GPT2, 8, True, True, heads=8, seq=16), None),
-    ("gpt2_one_position_per_rank_tp2_sp_train",
-     _variant(GPT2, 2, True, True, seq=2),
-     "one position per rank (seq 2 over 2 ranks): the LayerNorm-weight gradient, see "
-     "llama3_one_position_per_rank_tp2_sp_train"),
+    ("gpt2_one_position_per_rank_tp2_sp_train",   # reduce_squeeze.dl
+     _variant(GPT2, 2, True, True, seq=2), None),
     ("llama3_20_layers_tp2_sp_forward",   # deep enough to be verified segment by segment
      _variant(LLAMA3, 2, True, False, layers=20), None),
     ("llama3_bfloat16_tp2_forward",
@@ -330,6 +326,14 @@ def _repro_broadcast_transpose_size1_local_dim():
                             out_specs=P(None, "tp", None)), (_sds(2, 4, 8),)
 
 
+def _repro_batch_sum_one_position_per_rank():
+    def f(x, w):   # the gradient of a weight broadcast over batch and positions (a norm's)
+        return jax.grad(lambda w: jnp.sum(x * w))(w)
+    # one position per rank: JAX sums the batch only and keeps the local size-1 position dim
+    return f, jax.shard_map(f, mesh=_mesh(2), in_specs=(P(None, "tp", None), P()),
+                            out_specs=P()), (_sds(2, 2, 4), _sds(4))
+
+
 def _repro_bfloat16_cast():
     def seq(x):   # jnp.sum of bf16 reduces in f32 and casts back to bf16
         return jnp.sum(x, axis=1)
@@ -350,6 +354,7 @@ REPROS = [
     (_repro_reshape_size1_local_dim, None),              # layout_algebra.dl
     (_repro_broadcast_size1_local_dim, None),            # layout_algebra.dl
     (_repro_broadcast_transpose_size1_local_dim, None),  # layout_algebra.dl
+    (_repro_batch_sum_one_position_per_rank, None),      # reduce_squeeze.dl
 ]
 
 
