@@ -46,7 +46,10 @@ with a commutative op's operands swapped) computed once, size-1 dims deleted
 around dots and broadcasts kept in them (a size-1 dim of each dot operand
 becomes a batch dim), a transpose that swaps a dot's free dims as the dot of
 the swapped operands (transposes move before all-reduces to meet it), and a
-reduction over whole groups of a reshape as the reduction of its operand.
+reduction over whole groups of a reshape as the reduction of its operand. In
+dlverify/simplify_sink.py: reshapes and transposes past gathers, slices and
+concatenations, and free runs merged under a transpose out of dots, so a dot
+reads its free dims unmerged whichever side merges them where.
 
 Every rewrite must be confluent: it may only make the two sides more alike,
 whatever the other side does around it. A rewrite that reads an op's producer
@@ -74,7 +77,8 @@ import numpy as np
 from dlverify.ir import FoldedOp, Graph, IdAllocator, Op
 from dlverify.ops.table import KINDS, Family
 from dlverify.rewrites import _drop_newly_dead, _unused
-from dlverify.simplify_forms import _FormRules
+from dlverify.simplify_forms import _FormRules, _merge_groups
+from dlverify.simplify_sink import _SinkRules
 
 # op kind -> (neutral value, operand positions it may take)
 _NEUTRAL: dict[str, tuple[float, tuple[int, ...]]] = {
@@ -86,10 +90,10 @@ _NEUTRAL: dict[str, tuple[float, tuple[int, ...]]] = {
 _PASSES = 12
 
 
-class _Simplifier(_FormRules):
+class _Simplifier(_FormRules, _SinkRules):
     """One pass (`run`) in op order, so every producer is seen before its readers;
     op creation, aliases and folds as in rewrites._Rewriter; the rules of
-    dlverify/simplify_forms.py too."""
+    dlverify/simplify_forms.py and dlverify/simplify_sink.py too."""
 
     # -- the rewrites: each returns True when it replaced `op` --------------
     def neutral(self, op: Op) -> bool:
@@ -375,18 +379,10 @@ class _Simplifier(_FormRules):
         if r is None or r.kind != "reshape":
             return None
         src, mid = self.shape(r.inputs[0]), self.shape(r.output)
-        runs: list[list[int]] = []
-        i = 0
-        for size in mid:
-            run, prod = [], 1
-            while prod < size and i < len(src):
-                prod *= src[i]
-                run.append(i)
-                i += 1
-            if prod != size or not run:     # (a size-1 dim of its own: not a merge)
-                return None
-            runs.append(run)
-        if i != len(src):
+        # (size-1 dims join a run like any other: a batch of one on a rank merges
+        # as the whole batch does on the sequential side)
+        runs = _merge_groups(src, mid)
+        if runs is None:
             return None
         order = perm if perm is not None else tuple(range(len(mid)))
         return r.inputs[0], [runs[j] for j in order], src
@@ -394,10 +390,12 @@ class _Simplifier(_FormRules):
     def split_contraction(self, op: Op) -> bool:
         """A dot contracting dims that both operands merged alike from runs of the
         same sizes (each operand a reshape that merges runs of dims, perhaps
-        transposed after; batch dims unmerged, free runs kept merged) is the dot
-        contracting the runs pairwise: XLA flattens a [g, j, d, e] weight to [g*j*d, e], and [b, s, n]
+        transposed after; batch dims unmerged) is the dot contracting the runs
+        pairwise: XLA flattens a [g, j, d, e] weight to [g*j*d, e], and [b, s, n]
         activations to [b*s, n] matrices for a weight gradient, which it
-        contracts over b*s; the program contracts (b, s)."""
+        contracts over b*s; the program contracts (b, s). The free runs stay
+        merged here, under the transpose to the dot's order, and leave the dot
+        next (simplify_sink.free_merge_under_transpose)."""
         if op.kind != "dot_general" or len(op.inputs) != 2:
             return False
         p = op.params
@@ -493,7 +491,10 @@ class _Simplifier(_FormRules):
                     or self.dot_layout(op) or self.sink_reshape(op)
                     or self.unit_dims_into_dot(op) or self.unit_dims_batched(op)
                     or self.unit_dims_into_broadcast(op) or self.swapped_dot(op)
-                    or self.transpose_into_all_reduce(op)
+                    or self.transpose_into_all_reduce(op) or self.reshape_out_of_all_gather(op)
+                    or self.transpose_out_of_all_gather(op) or self.slice_of_reshape(op)
+                    or self.concatenate_of_reshapes(op)
+                    or self.free_merge_under_transpose(op)
                     or self.sink_dot_reshape(op) or self.split_contraction(op)
                     or self.negated_sum(op) or self.masked_neg(op)
                     or self.reduce_of_reshape(op) or self.common_value(op)):

@@ -157,13 +157,6 @@ def test_gpt2_training_step_jitted_with_fsdp_shardings_verifies():
     assert res.verified, [f.message for f in res.failures[:2]]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "data parallelism: the partitioner computes each weight gradient as x^T dy, "
-    "all-reduces, then transposes, with dy's (heads, head_dim) free dims unmerged and "
-    "merged after the dot; the sequential side merges them before the dot and "
-    "dot_layout's transpose hides that reshape from sink_dot_reshape, so the two "
-    "normal forms differ (exposing it breaks the 'free runs stay merged' form the "
-    "XLA-optimised dumps and Neuron mutants rely on)"))
 def test_gpt2_training_step_jitted_with_data_parallelism_verifies():
     res = _gpt2_jit_training_step(data_parallel_only=True)
     assert res.verified, [f.message for f in res.failures[:2]]

@@ -419,8 +419,10 @@ def test_weight_gradient_over_flattened_transposed_operands_contracts_batch_and_
     assert dot.inputs[1] == g.inputs[1] and dot.params["rhs_contract"] == (0, 1)
 
 
-def test_flattened_contraction_keeps_merged_free_dims_merged():
-    # x [b, s, h, d] -> [b*s, h*d]: (b, s) contracted, h*d stays one dim
+def test_flattened_contraction_splits_merged_free_dims_too():
+    # x [b, s, h, d] -> [b*s, h*d]: (b, s) contracted, and h*d split before the dot and
+    # merged after it, the form of a dot that reads h and d unmerged (one order for
+    # both sides: free runs never stay merged in a dot)
     def build(b, x, dy):
         xt = b.op("transpose", [b.op("reshape", [x], (6, 4), "float32")], (4, 6), "float32",
                   {"permutation": (1, 0)})
@@ -428,7 +430,8 @@ def test_flattened_contraction_keeps_merged_free_dims_merged():
     g = _check(build, [(2, 3, 2, 2), (2, 3, 7)], set())
     (dot,) = [op for op in g.ops if op.kind == "dot_general"]
     shapes = [g.tensors[t].shape for t in dot.inputs]
-    assert shapes[1] == (2, 3, 7) and sorted(shapes[0]) == [2, 3, 4]
+    assert shapes[1] == (2, 3, 7) and sorted(shapes[0]) == [2, 2, 2, 3]
+    assert g.tensors[dot.output].shape == (2, 2, 7) and g.ops[-1].kind == "reshape"
 
 
 def test_size_1_dims_of_their_own_are_no_flattening():
@@ -552,6 +555,123 @@ def test_a_transposed_all_reduce_is_the_all_reduce_of_the_transpose():
     ins = [[np.random.default_rng(r).standard_normal((3, 4)).astype(np.float32) for r in (0, 1)]]
     for a, b in zip(*[Interpreter(h, 2).run(ins)[h.outputs[0]] for h in (before, g)]):
         np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_free_dims_merged_under_a_transpose_leave_the_dot():
+    # the program's weight gradient of w_o: x [b, s, h, d] merged to [b, s, h*d], then
+    # transposed to [h*d, b, s] and contracted over (b, s); the partitioner contracts
+    # x's (h, d) unmerged and merges them after the dot
+    def build(b, x, dy):
+        merged = b.op("reshape", [x], (2, 3, 8), "float32")
+        xt = b.op("transpose", [merged], (8, 2, 3), "float32", {"permutation": (2, 0, 1)})
+        return _dot(b, xt, dy, (8, 5), (1, 2), (0, 1))
+    g = _check(build, [(2, 3, 4, 2), (2, 3, 5)], set())
+    (dot,) = [op for op in g.ops if op.kind == "dot_general"]
+    assert g.tensors[dot.output].shape == (4, 2, 5)          # h, d unmerged in the dot
+    assert g.ops[-1].kind == "reshape" and g.ops[-1].inputs == [dot.output]
+
+
+@pytest.mark.parametrize("case", ["split_run_reordered", "merged_dim_contracted"])
+def test_reshapes_under_a_transpose_that_the_dot_cannot_lose_stay(case):
+    def build(b, x, w):
+        if case == "split_run_reordered":   # x's dim 0 split (2, 3), the two swapped
+            r = b.op("reshape", [x], (2, 3, 5), "float32")
+            t = b.op("transpose", [r], (3, 2, 5), "float32", {"permutation": (1, 0, 2)})
+            return _dot(b, t, w, (3, 2, 7), (2,), (0,))
+        r = b.op("reshape", [x], (6, 5), "float32")          # the merged dim contracted
+        t = b.op("transpose", [r], (5, 6), "float32", {"permutation": (1, 0)})
+        return _dot(b, t, w, (5, 7), (1,), (0,))
+    w_shape = (5, 7) if case == "split_run_reordered" else (6, 7)
+    g, ids = _graph(build, [(6, 5) if case == "split_run_reordered" else (2, 3, 5), w_shape])
+    assert not simplify_graph(g, ids)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_batch_of_one_splits_a_flattened_contraction_as_a_larger_batch_does(batch):
+    # GPT-2's q @ k^T under data parallelism: a rank's batch of 1 merged with the rest as
+    # the whole batch is on the sequential side (a size-1 dim joins a run, it is no stop)
+    def build(b, q, k):
+        rq, rk = (b.op("reshape", [t], (batch, 8, 8, 4), "float32") for t in (q, k))
+        tq, tk = (b.op("transpose", [r], (batch, 8, 8, 4), "float32",
+                       {"permutation": (0, 2, 1, 3)}) for r in (rq, rk))
+        return _dot(b, tq, tk, (batch, 8, 8, 8), (3,), (3,), (0, 1), (0, 1))
+    g = _check(build, [(batch, 8, 8, 1, 4)] * 2, {"reshape"})
+    (dot,) = [op for op in g.ops if op.kind == "dot_general"]
+    assert dot.params["lhs_contract"] == (3, 4)
+
+
+def _ranks_agree(before, g, in_shapes, ranks=2):
+    """The outputs of `before` and `g` on `ranks` ranks, each rank its own random inputs."""
+    ins = [[np.random.default_rng(10 * i + r).standard_normal(s).astype(np.float32)
+            for r in range(ranks)] for i, s in enumerate(in_shapes)]
+    for a, b in zip(*[Interpreter(h, ranks).run(ins)[h.outputs[0]] for h in (before, g)]):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+@pytest.mark.parametrize("src, to, dim, kinds", [
+    ((2, 3, 4), (2, 12), 1, ["all_gather", "reshape"]),      # a merged run gathered
+    ((2, 12), (2, 3, 4), 1, ["all_gather", "reshape"]),      # the leading dim of a split
+    ((3, 4, 2), (2, 4, 3), 2, ["all_gather", "transpose"]),  # a transpose (perm below)
+])
+def test_a_gather_of_a_reshape_or_transpose_is_the_reshape_or_transpose_of_a_gather(
+        src, to, dim, kinds):
+    # an FSDP step gathers each rank's heads merged [b, s, h/2 * d]; the sequential side
+    # has the merged heads of all ranks, whose reshape leaves the dot that reads them
+    def build(b, x):
+        if kinds[1] == "transpose":
+            m = b.op("transpose", [x], to, "float32", {"permutation": (2, 1, 0)})
+        else:
+            m = b.op("reshape", [x], to, "float32")
+        out = tuple(s * 2 if d == dim else s for d, s in enumerate(to))
+        return b.op("all_gather", [m], out, "float32", {"dimension": dim, "groups": [[0, 1]]})
+    g, ids = _graph(build, [src])
+    before = copy.deepcopy(g)
+    assert simplify_graph(g, ids)
+    assert [op.kind for op in g.ops] == kinds
+    _ranks_agree(before, g, [src])
+
+
+def test_a_gather_inside_a_split_run_stays():
+    # [2, 12] -> [2, 3, 4] gathered along the 4: a rank's block is no run of rows of 12
+    def build(b, x):
+        m = b.op("reshape", [x], (2, 3, 4), "float32")
+        return b.op("all_gather", [m], (2, 3, 8), "float32", {"dimension": 2, "groups": [[0, 1]]})
+    g, ids = _graph(build, [(2, 12)])
+    assert not simplify_graph(g, ids)
+
+
+def test_a_slice_of_dims_a_reshape_keeps_is_the_reshape_of_the_slice():
+    # Neuron's fused QKV product [s*b, 3n] (its rows merged from [s, b]) sliced by columns
+    def build(b, y):
+        m = b.op("reshape", [y], (12, 8), "float32")
+        return b.op("slice", [m], (12, 4), "float32",
+                    {"start_indices": (0, 2), "limit_indices": (12, 6), "strides": (1, 1)})
+    g = _check(build, [(4, 3, 8)], set())
+    assert [op.kind for op in g.ops] == ["slice", "reshape"]
+    assert g.tensors[g.ops[0].output].shape == (4, 3, 4)
+
+
+def test_a_concatenation_of_reshapes_along_a_kept_dim_is_the_reshape_of_the_concatenation():
+    def build(b, u, v):
+        mu = b.op("reshape", [u], (12, 5), "float32")
+        mv = b.op("reshape", [v], (12, 2), "float32")
+        return b.op("concatenate", [mu, mv], (12, 7), "float32", {"dimension": 1})
+    g = _check(build, [(4, 3, 5), (4, 3, 2)], set())
+    assert [op.kind for op in g.ops] == ["concatenate", "reshape"]
+    assert g.ops[0].inputs == g.inputs
+
+
+@pytest.mark.parametrize("case", ["slice_cuts_a_merged_run", "concat_of_unlike_runs"])
+def test_slices_and_concatenations_across_regrouped_runs_stay(case):
+    def build(b, u, v):
+        mu = b.op("reshape", [u], (12, 5), "float32")
+        if case == "slice_cuts_a_merged_run":     # rows 0:6 of [4*3]: a reshape of no slice
+            return b.op("slice", [mu], (6, 5), "float32",
+                        {"start_indices": (0, 0), "limit_indices": (6, 5), "strides": (1, 1)})
+        mv = b.op("reshape", [v], (12, 2), "float32")   # [2, 6] rows vs [4, 3] rows
+        return b.op("concatenate", [mu, mv], (12, 7), "float32", {"dimension": 1})
+    g, ids = _graph(build, [(4, 3, 5), (2, 6, 2)])
+    assert not simplify_graph(g, ids)
 
 
 @pytest.mark.parametrize("kind", ["reduce_sum", "reduce_max"])

@@ -1,0 +1,208 @@
+"""Reshapes and transposes sink toward the outputs, past the ops that only move
+data (more of the algebraic normal form of dlverify/simplify.py, whose
+`_Simplifier` runs these rules in its pass).
+
+One order for the layout ops around a dot, whichever side writes them where:
+a dot reads its operands' free dims unmerged, and the reshape that merges them
+comes after the dot (sink_dot_reshape in simplify.py). The sequential program
+merges a weight gradient's (heads, head_dim) before its dot and transposes the
+merged operand; the partitioner contracts them unmerged and merges after its
+all-reduce; an FSDP step gathers the merged heads of each rank. So a reshape
+under a transpose, a gather, a slice or a concatenation moves past it:
+
+* free runs leave dots: a dot operand transpose(reshape(y)) whose reshape
+  regroups only runs that are free dims of the dot, each moved whole by the
+  transpose, is reshape(transpose'(y)) (then sink_dot_reshape);
+* gathers: all_gather(reshape(y)) along a dim that leads its reshape group is
+  reshape(all_gather(y)) along the group's leading dim of y, and
+  all_gather(transpose(x)) is transpose(all_gather(x)) along the dim the
+  transpose moves there;
+* slices and concatenations: a slice of a reshape that cuts only dims the
+  reshape keeps (each regrouped run whole) is the reshape of the slice, and a
+  concatenation of reshapes along a dim each keeps, their operands alike
+  elsewhere, is the reshape of the concatenation.
+
+Each an identity of data movement over the reals; tests/test_simplify.py checks
+each numerically (on several ranks for the gathers) and where it must not fire.
+Transposes move the other way through all-reduces (simplify_forms.py:
+transpose_into_all_reduce) to meet the dot whose partial sums they reduce; no
+rule moves a transpose or reshape into a gather, so the two never undo each
+other.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from dlverify.ir import Op
+from dlverify.rewrites import _Rewriter
+from dlverify.simplify_forms import _reshape_groups
+
+
+class _Reshape(NamedTuple):
+    """A reshape op, its operand and both shapes, and its groups (`_reshape_groups`)."""
+    op: Op
+    operand: int
+    src: tuple[int, ...]
+    mid: tuple[int, ...]
+    groups: list[tuple[list[int], list[int]]]
+
+
+class _SinkRules(_Rewriter):
+    """The rules above, for `_Simplifier` (dlverify/simplify.py) to run in its pass."""
+
+    def _reshaped(self, t: int) -> _Reshape | None:
+        """The reshape that produces t, when t is a reshape's result (with groups)."""
+        r = self.producer.get(t)
+        if r is None or r.kind != "reshape":
+            return None
+        src, mid = self.shape(r.inputs[0]), self.shape(r.output)
+        groups = _reshape_groups(src, mid)
+        return None if groups is None else _Reshape(r, r.inputs[0], src, mid, groups)
+
+    def free_merge_under_transpose(self, op: Op) -> bool:
+        """A dot operand (in the standard order) transpose(reshape(y)) whose reshape
+        regroups only runs that are free dims of the dot, each moved whole by the
+        transpose, is reshape(transpose'(y)), transpose' moving y's runs alike:
+        the reshape then leaves the dot (sink_dot_reshape)."""
+        if op.kind != "dot_general" or len(op.inputs) != 2:
+            return False
+        p = op.params
+        for side, key in ((0, "lhs"), (1, "rhs")):
+            t = self.producer.get(op.inputs[side])
+            found = None if t is None or t.kind != "transpose" else self._reshaped(t.inputs[0])
+            if found is None or any(not gs or not gt for gs, gt in found.groups):
+                continue
+            r, y, src, mid, groups = found
+            rank = len(mid)
+            nb, nc = len(p[f"{key}_batch"]), len(p[f"{key}_contract"])
+            if tuple(p[f"{key}_batch"]) != tuple(range(nb)) or tuple(p[f"{key}_contract"]) != (
+                    tuple(range(rank - nc, rank)) if side == 0 else tuple(range(nb, nb + nc))):
+                continue                            # not in the standard order (yet)
+            free = set(range(nb, rank - nc) if side == 0 else range(nb + nc, rank))
+            perm = list(t.params["permutation"])
+            at = {m: k for k, m in enumerate(perm)}       # reshape dim -> operand dim
+            units: dict[int, list[int]] = {}               # first reshape dim -> y's dims
+            ok, regrouped = True, False
+            for gs, gt in groups:
+                if [src[d] for d in gs] == [mid[d] for d in gt]:
+                    units.update({m: [d] for m, d in zip(gt, gs)})
+                    continue
+                regrouped = True
+                ks = [at[m] for m in gt]
+                ok = ok and ks == list(range(ks[0], ks[0] + len(ks))) and set(ks) <= free
+                units[gt[0]] = list(gs)
+            if not ok or not regrouped:
+                continue
+            order = [d for m in perm if m in units for d in units[m]]
+            dtype = self.g.tensors[y].dtype
+            x = y
+            if order != list(range(len(src))):
+                x = self.new_op("transpose", [y], tuple(src[d] for d in order), dtype,
+                                {"permutation": tuple(order)}, t)
+            x = self.new_op("reshape", [x], self.shape(t.output), dtype, {}, r)
+            ins = list(op.inputs)
+            ins[side] = x
+            self.new_op("dot_general", ins, self.shape(op.output),
+                        self.g.tensors[op.output].dtype, p, op, output=op.output)
+            return True
+        return False
+
+    def reshape_out_of_all_gather(self, op: Op) -> bool:
+        """all_gather(reshape(y)) along a dim k that leads its reshape group is
+        reshape(all_gather(y)) along the group's leading dim of y: a rank's block
+        of k is a whole block of the group's rows in row-major order, the one
+        gathering y's leading dim makes."""
+        found = self._reshaped(op.inputs[0]) if op.kind == "all_gather" else None
+        if found is None:
+            return False
+        r, y, src, mid, groups = found
+        k = op.params["dimension"]
+        group = next((gs for gs, gt in groups if gt and gt[0] == k), None)
+        if not group or mid[k] == 0:
+            return False
+        a = group[0]
+        n = self.shape(op.output)[k] // mid[k]
+        dtype = self.g.tensors[op.output].dtype
+        q = dict(op.params)
+        q["dimension"] = a
+        gathered = self.new_op("all_gather", [y], tuple(s * n if d == a else s
+                                                        for d, s in enumerate(src)),
+                               dtype, q, op)
+        self.new_op("reshape", [gathered], self.shape(op.output), dtype, {}, r, output=op.output)
+        return True
+
+    def transpose_out_of_all_gather(self, op: Op) -> bool:
+        """all_gather(transpose(x)) along dim k is transpose(all_gather(x)) along the
+        dim of x the transpose puts at k (each rank's block is concatenated at the
+        same positions either way): transposes leave gathers toward the dot that
+        reads them, as reshapes do."""
+        if op.kind != "all_gather":
+            return False
+        t = self.producer.get(op.inputs[0])
+        k = op.params["dimension"]
+        if t is None or t.kind != "transpose" or self.shape(t.output)[k] == 0:
+            return False
+        x, perm = t.inputs[0], tuple(t.params["permutation"])
+        n = self.shape(op.output)[k] // self.shape(t.output)[k]
+        dtype = self.g.tensors[op.output].dtype
+        q = dict(op.params)
+        q["dimension"] = perm[k]
+        gathered = self.new_op("all_gather", [x], tuple(s * n if d == perm[k] else s
+                                                        for d, s in enumerate(self.shape(x))),
+                               dtype, q, op)
+        self.new_op("transpose", [gathered], self.shape(op.output), dtype, t.params, t,
+                    output=op.output)
+        return True
+
+    def slice_of_reshape(self, op: Op) -> bool:
+        """A slice of a reshape that keeps each regrouped run whole (it cuts only dims
+        the reshape keeps as they are) is the reshape of the same slice of the
+        operand: reshapes sink toward the outputs past slices too."""
+        found = self._reshaped(op.inputs[0]) if op.kind == "slice" else None
+        if found is None:
+            return False
+        r, y, src, mid, groups = found
+        p = op.params
+        strides = p.get("strides") or (1,) * len(mid)
+        lo, hi, st = [0] * len(src), list(src), [1] * len(src)
+        for gs, gt in groups:
+            if [src[d] for d in gs] == [mid[d] for d in gt]:
+                for i, j in zip(gs, gt):
+                    lo[i], hi[i], st[i] = p["start_indices"][j], p["limit_indices"][j], strides[j]
+            elif any((p["start_indices"][j], p["limit_indices"][j], strides[j]) != (0, mid[j], 1)
+                     for j in gt):
+                return False
+        dtype = self.g.tensors[op.output].dtype
+        shape = tuple(len(range(a, b, s)) for a, b, s in zip(lo, hi, st))
+        q = {"start_indices": tuple(lo), "limit_indices": tuple(hi), "strides": tuple(st)}
+        cut = self.new_op("slice", [y], shape, dtype, q, op)
+        self.new_op("reshape", [cut], self.shape(op.output), dtype, {}, r, output=op.output)
+        return True
+
+    def concatenate_of_reshapes(self, op: Op) -> bool:
+        """A concatenation of reshapes along a dim each keeps as it is (the operands
+        equal elsewhere) is the reshape of the concatenation of their operands."""
+        if op.kind != "concatenate" or len(op.inputs) < 2:
+            return False
+        k = op.params["dimension"]
+        ins, at, found = [], None, None
+        for t in op.inputs:
+            found = self._reshaped(t)
+            j = None if found is None else next(
+                (gs[0] for gs, gt in found.groups if gt == [k] and len(gs) == 1), None)
+            if found is None or j is None:
+                return False
+            key = (j, found.src[:j] + found.src[j + 1:])    # the operands' shapes but for j
+            if at is not None and key != at:
+                return False
+            at = key
+            ins.append(found.operand)
+        dtype = self.g.tensors[op.output].dtype
+        shape = tuple(sum(self.shape(t)[j] for t in ins) if d == j else s
+                      for d, s in enumerate(found.src))
+        cat = self.new_op("concatenate", ins, shape, dtype, {"dimension": j}, op)
+        self.new_op("reshape", [cat], self.shape(op.output), dtype, {}, op, output=op.output)
+        return True
+
+
+__all__ = ["_SinkRules"]
