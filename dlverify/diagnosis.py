@@ -523,8 +523,17 @@ class Judge:
                     out.append(lost)
                     continue
                 kind = "no-relation"
-                if rel is None:
+                if rel is None:   # whole blocks out of device order (outputs.py), or no views
+                    whole = {q: [w for w in self.by_seq_dist.get((s, d, q), [])
+                                 if w.partial is None and w.scale == UNIT_SCALE] for q in bad}
                     msg = f"{name}: no expected relation given"
+                    if all(whole.values()):
+                        kind, shape = "wrong-block", self.p.dist.tensors[d].shape
+                        held = ", ".join(f"rank {q} {fmt_offsets(whole[q][0].offsets, shape)}"
+                                         for q in bad[:4])
+                        msg += (f", and the ranks hold whole blocks of it out of device order "
+                                f"({held}{', ...' if len(whole) > 4 else ''}): a shift or swap "
+                                f"in the wrong direction?")
                 elif not vs:
                     msg = (f"{name} on rank {r}: no relation to the sequential output derived")
                 else:

@@ -4,21 +4,33 @@ XLA dump module whose root carries no sharding).
 
 An output's relation is inferred when every rank holds a complete, unit-scale
 view of the sequential output (a theorem the rules derived) and the ranks'
-blocks tile it: the distinct blocks form the full grid of even pieces of the
-sequential shape, each held by at least one rank (a replica is the grid of one
+blocks tile it in device order: the distinct blocks form the full grid of even
+pieces of the sequential shape, and the rank holding each piece is the one an
+XLA iota tile assignment names (`devices=[pieces..., copies]<=[f...]T(perm)`:
+the ranks in order, reshaped and transposed; a replica is the grid of one
 piece). The reconstruction is then exactly what `Output_Ok` would prove for
 that relation, so the verdict is the one the rules give with the relation
 stated; it is listed under assumptions, because the user did not state it.
+
+Why device order and not any tiling: a ring shift in the wrong direction or a
+pair swap on the wrong bit leaves every rank a whole block, in the wrong
+place; a layout that took any order would call them verified. Every layout a
+framework writes without an explicit device list is an iota assignment, and an
+explicit one is stated where the relation is (a sharding annotation, a spec).
 """
 from __future__ import annotations
 
 import itertools
+from typing import Iterator
+
+import numpy as np
 
 from dlverify.problem import Problem
 from dlverify.relations import BlockRelation
 from dlverify.verdict import ViewFact
 
 MAX_SEARCH = 100_000  # candidate assignments tried per output before giving up
+MAX_IOTA_DIMS = 4     # the device order reshaped into at most this many dims
 
 
 def _candidates(v: ViewFact, seq_shape: tuple[int, ...], dist_shape: tuple[int, ...]
@@ -50,7 +62,7 @@ def infer_output_relation(problem: Problem, idx: int, views: list[ViewFact]) -> 
     grid = {tuple(i * n for i, n in zip(idx_, dist_shape))
             for idx_ in itertools.product(*(range(k) for k in pieces))}
     ranks = problem.mesh.size
-    cands: list[list[tuple[int, ...]]] = []
+    cands: list[set[tuple[int, ...]]] = []
     for r in range(ranks):
         opts: set[tuple[int, ...]] = set()
         for v in views:
@@ -58,35 +70,47 @@ def infer_output_relation(problem: Problem, idx: int, views: list[ViewFact]) -> 
                 opts.update(c for c in _candidates(v, seq_shape, dist_shape) if c in grid)
         if not opts:
             return None
-        cands.append(sorted(opts))
-    if len(grid) > ranks:
+        cands.append(opts)
+    if len(grid) > ranks or ranks % len(grid):
         return None
-    # Depth-first choice of one block per rank covering the whole grid; ranks
-    # with fewer options first.
-    order = sorted(range(ranks), key=lambda r: len(cands[r]))
-    chosen: list[tuple[int, ...] | None] = [None] * ranks
-    budget = [MAX_SEARCH]
+    for tried, pieces_of in enumerate(iota_assignments(tuple(pieces), ranks)):
+        if tried >= MAX_SEARCH:
+            return None
+        blocks = [tuple(i * n for i, n in zip(pieces_of[r], dist_shape)) for r in range(ranks)]
+        if all(b in cands[r] for r, b in enumerate(blocks)):
+            return BlockRelation(seq_shape, dist_shape, tuple(blocks))
+    return None
 
-    def search(k: int, covered: dict[tuple[int, ...], int]) -> bool:
-        budget[0] -= 1
-        if budget[0] < 0:
-            return False
-        if len(grid) - len(covered) > ranks - k:
-            return False
-        if k == ranks:
-            return len(covered) == len(grid)
-        r = order[k]
-        uncovered_first = sorted(cands[r], key=lambda c: c in covered)
-        for c in uncovered_first:
-            chosen[r] = c
-            covered[c] = covered.get(c, 0) + 1
-            if search(k + 1, covered):
-                return True
-            covered[c] -= 1
-            if not covered[c]:
-                del covered[c]
-        return False
 
-    if not search(0, {}):
-        return None
-    return BlockRelation(seq_shape, dist_shape, tuple(chosen))  # type: ignore[arg-type]
+def _factorisations(n: int, most: int) -> Iterator[tuple[int, ...]]:
+    """Every ordered factorisation of n into at most `most` factors above 1 (n = 1: the
+    empty one)."""
+    if n == 1:
+        yield ()
+        return
+    if most == 0:
+        return
+    for f in range(2, n + 1):
+        if n % f == 0:
+            for rest in _factorisations(n // f, most - 1):
+                yield (f, *rest)
+
+
+def iota_assignments(pieces: tuple[int, ...], ranks: int) -> Iterator[list[tuple[int, ...]]]:
+    """For each distinct XLA iota tile assignment of `ranks` devices to a grid of
+    `pieces` (times ranks / prod(pieces) copies), reshaping the device order into at
+    most MAX_IOTA_DIMS dims (a mesh's axes): the grid index of every rank. The
+    row-major order (rank r holds piece r, copies innermost) comes first."""
+    shape = (*pieces, ranks // int(np.prod(pieces)))
+    seen: set[tuple[int, ...]] = set()
+    for f in sorted(set(_factorisations(ranks, MAX_IOTA_DIMS)), key=len):
+        for perm in itertools.permutations(range(len(f))):
+            tiles = np.arange(ranks).reshape(f or (1,)).transpose(perm or (0,)).ravel()
+            key = tuple(tiles)
+            if key in seen:
+                continue
+            seen.add(key)
+            position = np.empty(ranks, dtype=np.int64)
+            position[tiles] = np.arange(ranks)
+            index = np.unravel_index(position, shape)
+            yield [tuple(int(index[k][r]) for k in range(len(pieces))) for r in range(ranks)]

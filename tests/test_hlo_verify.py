@@ -16,6 +16,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 from rulekit import assert_views_hold  # noqa: E402
 
 import jax_models as M  # noqa: E402
+from hlo_pairs import verify_texts  # noqa: E402
 import dlverify  # noqa: E402
 from dlverify.errors import InputError  # noqa: E402
 from dlverify.frontends.jax_compiled import DUMP_OPTIONS  # noqa: E402
@@ -374,3 +375,39 @@ def test_inference_needs_every_rank_and_the_whole_grid():
     partial = ViewFact(1, 2, 3, (4, 3), None, (1, 0, 0, 0))              # 2 x the block
     assert infer_output_relation(p, 0, full[:3] + [partial]) is None
     assert infer_output_relation(_P((8,), (3,), 2), 0, [view(0, (0,)), view(1, (3,))]) is None
+
+
+def test_inference_takes_blocks_in_device_order_only():
+    """Whole blocks in any order would tile the output, but only an XLA iota tile
+    assignment (the ranks in order, reshaped and transposed) is a layout a framework
+    writes unasked: a rotation or reversal of the blocks is a bug, not a layout."""
+    p = _P((16, 8), (4, 8), 4)
+    order = lambda perm: [view(r, (4 * perm[r], 0)) for r in range(4)]   # noqa: E731
+    assert infer_output_relation(p, 0, order([0, 1, 2, 3])).offsets == ((0, 0), (4, 0), (8, 0), (12, 0))
+    # devices=[4,1]<=[2,2]T(1,0): rank 1 holds block 2 (a split over two mesh axes, transposed)
+    assert infer_output_relation(p, 0, order([0, 2, 1, 3])) is not None
+    assert infer_output_relation(p, 0, order([2, 3, 0, 1])) is None      # shifted by 2
+    assert infer_output_relation(p, 0, order([3, 2, 1, 0])) is None      # reversed
+    assert infer_output_relation(p, 0, order([1, 0, 3, 2])) is None      # pairs swapped
+
+
+def _ring_shift(direction):
+    mesh = dlverify.host_mesh((4,), ("x",))
+
+    def local(x):
+        return jax.lax.ppermute(x, "x", [(i, (i + direction) % 4) for i in range(4)])
+    return jax.jit(jax.shard_map(local, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+
+
+def test_compiled_ring_shift_in_the_wrong_direction_is_not_verified(tmp_path):
+    """XLA's compiled module carries no output sharding: the output relation is inferred,
+    and a ppermute in the wrong direction leaves each rank a whole block, misplaced."""
+    x = jax.ShapeDtypeStruct((16, 8), jnp.float32)
+    seq = jax.jit(lambda x: jnp.roll(x, 4, axis=0)).lower(x).as_text(dialect="hlo")
+    good = verify_texts(tmp_path, seq, _ring_shift(1).lower(x).compile().as_text())
+    assert good.verified and good.outputs == ["out0 = concat(r0.out0, r1.out0, r2.out0, r3.out0; dim 0)"]
+    bad = verify_texts(tmp_path, seq, _ring_shift(-1).lower(x).compile().as_text())
+    assert not bad.verified
+    first = bad.failures[0]
+    assert first.op == "collective_permute" and first.kind == "wrong-block", first
+    assert "out of device order" in first.message

@@ -1,0 +1,134 @@
+"""The bundled examples as XLA compiles them: every case of examples/*.py (the
+shard_map and jit programs, correct ones and buggy twins) is lowered with JAX,
+its distributed program compiled by XLA (the per-device module after
+optimisations, what `--xla_dump_to` writes as `*.after_optimizations.txt`), its
+sequential program taken before or after optimisations (`--seq`), and the pair
+verified as HLO with no spec (`dlverify check SEQ DIST`). A correct case that is
+not verified is a false alarm of dlverify on toolchain output; a buggy twin that
+verifies would be unsound (never seen: reported loudly).
+
+    python bench/xla_examples.py                      # every example file
+    python bench/xla_examples.py examples/ring_attention.py --seq after --json
+    python bench/xla_examples.py --keep /tmp/pairs     # keep the HLO pairs
+
+Prints one line per case (expected verdict, verdict, compile and verify wall
+seconds, the first failure) and a summary; `--json` prints the same as JSON.
+Peak memory is the process's maximum resident set size after all cases.
+"""
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import argparse  # noqa: E402
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import resource  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from dataclasses import asdict, dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import jax  # noqa: E402
+
+from dlverify.case import CASE_MARKER  # noqa: E402
+from dlverify.errors import InputError  # noqa: E402
+from dlverify.hlo_api import verify_hlo  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Row:
+    file: str
+    case: str
+    expect: str
+    verdict: str            # verified | not verified | error
+    compile_s: float
+    verify_s: float
+    first_failure: str
+
+
+def _cases(path: Path):
+    spec = importlib.util.spec_from_file_location(f"_bench_xla_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for name, fn in vars(module).items():
+        if callable(fn) and getattr(fn, CASE_MARKER, False):
+            yield name, fn()
+
+
+def _texts(case, seq_stage: str) -> tuple[str, str]:
+    dist = case.dist if hasattr(case.dist, "lower") else jax.jit(case.dist)
+    seq = jax.jit(case.seq).lower(*case.args)
+    seq_text = seq.compile().as_text() if seq_stage == "after" else seq.as_text(dialect="hlo")
+    return seq_text, dist.lower(*case.args).compile().as_text()
+
+
+def run_case(path: Path, name: str, case, seq_stage: str, out_dir: Path) -> Row:
+    t0 = time.perf_counter()
+    seq_text, dist_text = _texts(case, seq_stage)
+    seq_file, dist_file = out_dir / f"{name}.seq.hlo", out_dir / f"{name}.dist.hlo"
+    seq_file.write_text(seq_text)
+    dist_file.write_text(dist_text)
+    t1 = time.perf_counter()
+    try:
+        res = verify_hlo(seq_file, dist_file)
+    except InputError as e:   # an input error names the file and line (an unknown op, ...)
+        return Row(path.name, name, case.expect, "error", t1 - t0, time.perf_counter() - t1,
+                   str(e).splitlines()[0])
+    first = ""
+    if not res.verified:
+        first = (f"{res.failures[0].op} at line {res.failures[0].line}: {res.failures[0].message}"
+                 if res.failures else "; ".join(res.outputs))
+    return Row(path.name, name, case.expect, "verified" if res.verified else "not verified",
+               t1 - t0, time.perf_counter() - t1, first[:300])
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="*", type=Path)
+    ap.add_argument("--seq", choices=("before", "after"), default="before",
+                    help="the sequential module before (default) or after XLA's optimisations")
+    ap.add_argument("--keep", type=Path, help="write the HLO pairs here (default: a temp dir)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    files = args.files or sorted((ROOT / "examples").glob("*.py"))
+    out_dir = args.keep or Path(tempfile.mkdtemp(prefix="dlverify-xla-examples-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for path in files:
+        for name, case in _cases(path):
+            row = run_case(path, name, case, args.seq, out_dir)
+            rows.append(row)
+            if not args.json:
+                print(f"{row.case:46s} {row.expect:8s} {row.verdict:12s} compile {row.compile_s:5.1f}s "
+                      f"verify {row.verify_s:5.1f}s  {row.first_failure[:110]}", flush=True)
+    correct = [r for r in rows if r.expect == "verified"]
+    bugs = [r for r in rows if r.expect == "bug"]
+    summary = {
+        "correct_verified": sum(r.verdict == "verified" for r in correct),
+        "correct": len(correct),
+        "correct_errors": sum(r.verdict == "error" for r in correct),
+        "bugs_not_verified": sum(r.verdict != "verified" for r in bugs),
+        "bugs": len(bugs),
+        "verify_wall_s": round(sum(r.verify_s for r in rows), 2),
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+        "seq_stage": args.seq,
+    }
+    if args.json:
+        print(json.dumps({"cases": [asdict(r) for r in rows], "summary": summary}, indent=1))
+    else:
+        print(f"correct cases verified: {summary['correct_verified']} of {summary['correct']} "
+              f"({summary['correct_errors']} stopped at an unsupported op); buggy twins not verified: "
+              f"{summary['bugs_not_verified']} of {summary['bugs']}; verify {summary['verify_wall_s']} s; "
+              f"peak RSS {summary['peak_rss_mib']} MiB")
+    unsound = [r.case for r in bugs if r.verdict == "verified"]
+    if unsound:
+        print(f"UNSOUND: buggy twins verified: {unsound}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
