@@ -31,15 +31,26 @@ def op_of(graph, t):
     return next(op.id for op in graph.ops if op.output == t)
 
 
-def all_reduce(t, x, shape, reducer="sum"):
-    return t.dop("all_reduce", [x], shape, reducer=reducer, groups=[[0, 1]])
-
-
-def positions_per_rank():
-    """Two ranks, one position each: x (2, 2, 4) split along the positions."""
+def positions_per_rank(seq=("reduce_sum", (0, 1), (4,)), dist=("reduce_sum", (0,), (1, 4))):
+    """Two ranks, one position each: x (2, 2, 4) split along the positions, reduced by
+    seq and dist = (kind, axes, result shape); by default the batch-and-positions sum
+    and the batch-only sum that keeps the local position."""
     t = Tiny()
     xs, xd = t.input((2, 2, 4), (None, "x", None))
-    return t, xs, xd
+    (sk, sa, ss), (dk, da, ds) = seq, dist
+    return t, t.sop(sk, [xs], ss, axes=sa), t.dop(dk, [xd], ds, axes=da)
+
+
+def completed(t, s, zd, reducer="sum"):
+    """zd combined over both ranks, declared the output equal to s; the derived views."""
+    ad = t.dop("all_reduce", [zd], t.dist.tensors[zd].shape, reducer=reducer, groups=[[0, 1]])
+    t.output(s, ad)
+    return ad, t.run()
+
+
+def term(reducer, op, r):
+    """Rank r's term: range [r, r+1) of the seq reduction's axis 1 (the positions)."""
+    return Partial(reducer, op, 1, r, r + 1)
 
 
 # ---------------------------------------------------------------- derived views
@@ -47,71 +58,53 @@ def positions_per_rank():
 def test_batch_sum_keeping_the_local_position_is_a_term_of_the_full_sum():
     # JAX's pattern: dist sum over the batch (1, 4), reshaped to (1, 1, 4) and summed
     # over the ranks; seq sum over batch and positions (4,), reshaped to (1, 1, 4)
-    t, xs, xd = positions_per_rank()
-    ys = t.sop("reduce_sum", [xs], (4,), axes=(0, 1))
+    t, ys, yd = positions_per_rank()
     zs = t.sop("reshape", [ys], (1, 1, 4))
-    yd = t.dop("reduce_sum", [xd], (1, 4), axes=(0,))
     zd = t.dop("reshape", [yd], (1, 1, 4))
-    ad = all_reduce(t, zd, (1, 1, 4))
-    t.output(zs, ad)
-    out = t.run()
-    sop = op_of(t.seq, ys)
+    ad, out = completed(t, zs, zd)
     for r in range(2):
-        # the one position rank r holds is [r, r+1) of axis 1 (dim 1) of the seq sum
-        assert vset(out, zs, zd, r) == {((0, 0, 0), Partial(REDUCER_SUM, sop, 1, r, r + 1), UNIT)}
+        assert vset(out, zs, zd, r) == {((0, 0, 0), term(REDUCER_SUM, op_of(t.seq, ys), r), UNIT)}
         assert vset(out, zs, ad, r) == {((0, 0, 0), None, UNIT)}
     assert out.result.verified
 
 
 def test_chain_ending_in_the_squeezed_shape_is_the_squeezed_value():
     # dist (1, 4) reshaped to (4,): the squeezed value itself, a term of the seq sum
-    t, xs, xd = positions_per_rank()
-    ys = t.sop("reduce_sum", [xs], (4,), axes=(0, 1))
-    yd = t.dop("reduce_sum", [xd], (1, 4), axes=(0,))
+    t, ys, yd = positions_per_rank()
     zd = t.dop("reshape", [yd], (4,))
-    ad = all_reduce(t, zd, (4,))
-    t.output(ys, ad)
-    out = t.run()
+    _, out = completed(t, ys, zd)
     for r in range(2):
-        assert vset(out, ys, zd, r) == {((0,), Partial(REDUCER_SUM, op_of(t.seq, ys), 1, r, r + 1), UNIT)}
+        assert vset(out, ys, zd, r) == {((0,), term(REDUCER_SUM, op_of(t.seq, ys), r), UNIT)}
     assert out.result.verified
 
 
 def test_max_over_the_batch_keeping_the_local_position():
-    t, xs, xd = positions_per_rank()
-    ys = t.sop("reduce_max", [xs], (4,), axes=(0, 1))
+    t, ys, yd = positions_per_rank(("reduce_max", (0, 1), (4,)), ("reduce_max", (0,), (1, 4)))
     zs = t.sop("reshape", [ys], (1, 4))
-    yd = t.dop("reduce_max", [xd], (1, 4), axes=(0,))
     zd = t.dop("reshape", [yd], (1, 4))          # a chain that moves nothing
-    ad = all_reduce(t, zd, (1, 4), reducer="max")
-    t.output(zs, ad)
-    out = t.run()
+    _, out = completed(t, zs, zd, reducer="max")
     for r in range(2):
-        assert vset(out, zs, zd, r) == {((0, 0), Partial(REDUCER_MAX, op_of(t.seq, ys), 1, r, r + 1), UNIT)}
+        assert vset(out, zs, zd, r) == {((0, 0), term(REDUCER_MAX, op_of(t.seq, ys), r), UNIT)}
     assert out.result.verified
 
 
 def test_reshapes_after_the_sums_pair_by_the_sequential_groups():
     # seq (4,) -> (2, 2); dist (1, 4) -> (2, 2): one group, the size-1 dim free in it
-    t, xs, xd = positions_per_rank()
-    ys = t.sop("reduce_sum", [xs], (4,), axes=(0, 1))
+    t, ys, yd = positions_per_rank()
     zs = t.sop("reshape", [ys], (2, 2))
-    yd = t.dop("reduce_sum", [xd], (1, 4), axes=(0,))
     zd = t.dop("reshape", [yd], (2, 2))
     wd = t.dop("reshape", [yd], (4, 1))          # not a block of (2, 2): no view
     out = t.run()
     for r in range(2):
-        assert vset(out, zs, zd, r) == {((0, 0), Partial(REDUCER_SUM, op_of(t.seq, ys), 1, r, r + 1), UNIT)}
+        assert vset(out, zs, zd, r) == {((0, 0), term(REDUCER_SUM, op_of(t.seq, ys), r), UNIT)}
     assert out.views(zs, wd) == []
 
 
 def test_a_size1_dim_only_the_distributed_side_reduces():
     # seq sums the batch of (2, 2, 4) -> (2, 4); dist sums batch and its one position
     # -> (4,): row r of the seq sum, a complete block once the dim is back
-    t, xs, xd = positions_per_rank()
-    ys = t.sop("reduce_sum", [xs], (2, 4), axes=(0,))
+    t, ys, yd = positions_per_rank(("reduce_sum", (0,), (2, 4)), ("reduce_sum", (0, 1), (4,)))
     ws = t.sop("reshape", [ys], (2, 2, 2))
-    yd = t.dop("reduce_sum", [xd], (4,), axes=(0, 1))
     zd = t.dop("reshape", [yd], (1, 4))          # the squeezed shape
     wd = t.dop("reshape", [yd], (1, 2, 2))       # pairs with the seq reshape
     out = t.run()
@@ -129,11 +122,8 @@ def test_a_partial_operand_summed_whole_keeps_its_tag():
     ts = t.sop("dot_general", [as_, bs], (2, 1, 3), **DOT)
     td = t.dop("dot_general", [ad_, bd], (2, 1, 3), **DOT)
     ys = t.sop("reduce_sum", [ts], (3,), axes=(0, 1))
-    yd = t.dop("reduce_sum", [td], (1, 3), axes=(0,))
-    zd = t.dop("reshape", [yd], (3,))
-    sd = all_reduce(t, zd, (3,))
-    t.output(ys, sd)
-    out = t.run()
+    zd = t.dop("reshape", [t.dop("reduce_sum", [td], (1, 3), axes=(0,))], (3,))
+    _, out = completed(t, ys, zd)
     dot = op_of(t.seq, ts)
     for r in range(2):
         assert vset(out, ys, zd, r) == {((0,), Partial(REDUCER_SUM, dot, 0, 2 * r, 2 * r + 2), UNIT)}
@@ -143,12 +133,9 @@ def test_a_partial_operand_summed_whole_keeps_its_tag():
 # ---------------------------------------------------------------- no view
 
 def test_reducers_must_agree():
-    t, xs, xd = positions_per_rank()
-    ys = t.sop("reduce_sum", [xs], (4,), axes=(0, 1))
-    yd = t.dop("reduce_max", [xd], (1, 4), axes=(0,))
+    t, ys, yd = positions_per_rank(dist=("reduce_max", (0,), (1, 4)))
     zd = t.dop("reshape", [yd], (4,))
-    out = t.run()
-    assert out.views(ys, zd) == []
+    assert t.run().views(ys, zd) == []
 
 
 def test_a_dim_only_one_side_reduces_must_have_size1_locally():
@@ -158,8 +145,7 @@ def test_a_dim_only_one_side_reduces_must_have_size1_locally():
     ys = t.sop("reduce_sum", [xs], (4,), axes=(0, 1))
     yd = t.dop("reduce_sum", [xd], (4, 1), axes=(2,))
     zd = t.dop("reshape", [yd], (4,))
-    out = t.run()
-    assert out.views(ys, zd) == []
+    assert t.run().views(ys, zd) == []
 
 
 # ---------------------------------------------------------------- JAX programs
