@@ -20,7 +20,8 @@ reductions.
   free dims is the dot of the swapped operands (the program's weight gradient
   is transpose(dy^T x), XLA's x^T dy), and a transpose of an all-reduce is the
   all-reduce of the transpose, so a dot summed over ranks before its transpose
-  meets it too.
+  meets it too. An all-reduce of a concatenation is the concatenation of its
+  pieces' all-reduces (each piece a dot's partial sum, reduced alone).
 * reductions read no reshape of whole groups: a reduction over dims of a
   reshape that are whole groups of it (a run of the operand's dims reshaped
   into a run of the result's dims, e.g. [8, 16, 4] -> [8, 64] reducing dim 1)
@@ -405,6 +406,23 @@ class _FormRules(_Rewriter):
         t = self.new_op("transpose", [x], self.shape(op.output), dtype, op.params, op)
         self.new_op("all_reduce", [t], self.shape(op.output), dtype, ar.params, ar,
                     output=op.output)
+        return True
+
+    def all_reduce_of_concatenate(self, op: Op) -> bool:
+        """An all-reduce of a concatenation is the concatenation of its pieces'
+        all-reduces (the reduction is position by position): the partitioner sums
+        a fused QKV weight's gradient concatenated from its Q, K and V dots
+        (dlverify/rewrites.py splits the product by them), each piece one dot's
+        partial sum, which the rules reduce alone."""
+        if op.kind != "all_reduce" or len(op.inputs) != 1:
+            return False
+        cat = self.producer.get(op.inputs[0])
+        if cat is None or cat.kind != "concatenate":
+            return False
+        pieces = [self.new_op("all_reduce", [t], self.shape(t), self.g.tensors[t].dtype,
+                              op.params, op) for t in cat.inputs]
+        self.new_op("concatenate", pieces, self.shape(op.output), self.g.tensors[op.output].dtype,
+                    cat.params, cat, output=op.output)
         return True
 
     def reduce_of_reshape(self, op: Op) -> bool:

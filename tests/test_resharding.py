@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from dlverify.frontends.hlo.model import FLAT_AXIS
+from dlverify.api import verify_jax
 from dlverify.hlo_api import verify_hlo
 from dlverify.interpret import Interpreter
 from dlverify.ir import Graph, GraphBuilder, IdAllocator, Mesh
@@ -121,26 +122,30 @@ def test_a_chain_that_moves_its_operand_first_is_cut_where_the_resharding_starts
         np.testing.assert_array_equal(got, want)
 
 
-def _gpt2_jit_training_step(data_parallel_only: bool):
-    """GPT-2's training step jitted over 2 devices, the batch split; the parameters
-    split along dim 0 where it splits (FSDP), or replicated (data parallelism)."""
+def _jit_training_step(model: str, data_parallel_only: bool):
+    """GPT-2's or Llama-3's one-layer training step jitted over 2 devices, the batch
+    split; the parameters split along dim 0 where it splits (FSDP), or replicated
+    (data parallelism). Returns the sequential step, the jitted one and the args."""
     import sys
 
     import jax
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     import dlverify
-    from dlverify.api import verify_jax
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "models"))
-    import gpt2 as G
-    cfg = G.Config(layers=1)
-    n = len(G.param_shapes(cfg))
-    args = G.args(cfg)
+    if model == "gpt2":
+        import gpt2 as M
+        cfg = M.Config(layers=1)
+    else:
+        import llama3 as M
+        cfg = M.SMALL._replace(layers=1, batch=2)
+    n = len(M.param_shapes(cfg))
+    args = M.args(cfg)
     mesh = dlverify.host_mesh((2,), ("dp",))
 
     def loss(*flat):
-        p, ids, labels = G._unpack(cfg, flat)
-        return G.xent(G.forward_seq(cfg, p, ids), labels, cfg.vocab)
+        p, ids, labels = M._unpack(cfg, flat)
+        return M.xent(M.forward_seq(cfg, p, ids), labels, cfg.vocab)
 
     def step(*flat):
         value, grads = jax.value_and_grad(loss, argnums=tuple(range(n)))(*flat)
@@ -149,14 +154,43 @@ def _gpt2_jit_training_step(data_parallel_only: bool):
              for a in args[:n]]
     jitted = jax.jit(step, in_shardings=tuple(NamedSharding(mesh, s)
                                               for s in specs + [P("dp"), P("dp")]))
-    return verify_jax(G.make_seq(cfg, True), jitted, *args)
+    return M.make_seq(cfg, True), jitted, args
 
 
 def test_gpt2_training_step_jitted_with_fsdp_shardings_verifies():
-    res = _gpt2_jit_training_step(data_parallel_only=False)
+    seq, jitted, args = _jit_training_step("gpt2", data_parallel_only=False)
+    res = verify_jax(seq, jitted, *args)
     assert res.verified, [f.message for f in res.failures[:2]]
 
 
-def test_gpt2_training_step_jitted_with_data_parallelism_verifies():
-    res = _gpt2_jit_training_step(data_parallel_only=True)
+@pytest.mark.parametrize("model", ["gpt2", "llama3"])
+def test_training_step_jitted_with_data_parallelism_verifies(model):
+    # the partitioner contracts each weight gradient's heads unmerged and merges them
+    # after its all-reduce (the sequential step merges first), and sums Llama-3's fused
+    # QKV gradient concatenated from its Q, K and V dots: dlverify/simplify_sink.py
+    seq, jitted, args = _jit_training_step(model, data_parallel_only=True)
+    res = verify_jax(seq, jitted, *args)
     assert res.verified, [f.message for f in res.failures[:2]]
+
+
+def test_llama3_data_parallel_step_summing_a_gradient_over_groups_of_one_is_located(tmp_path):
+    # the partitioned module dumped (as `dlverify check-dump` reads it), then the fused
+    # QKV weight gradient's all-reduce given groups of one rank: it sums nothing, and
+    # is reported there; the module as dumped verifies
+    from dlverify.frontends.jax_compiled import DUMP_OPTIONS
+    from dlverify.hlo_api import verify_dump
+    _, jitted, args = _jit_training_step("llama3", data_parallel_only=True)
+    jitted.lower(*args).compile(compiler_options={"xla_dump_to": str(tmp_path), **DUMP_OPTIONS})
+    [(_, ok)] = verify_dump(tmp_path)
+    assert ok.verified, [f.message for f in ok.failures[:2]]
+    (path,) = [f for f in tmp_path.iterdir() if "after_spmd-partitioning" in f.name]
+    lines = path.read_text().splitlines()
+    (i,) = [i for i, line in enumerate(lines) if " all-reduce(" in line and "bsd,dgjk->" in line]
+    assert "replica_groups=[1,2]<=[2]" in lines[i]
+    lines[i] = lines[i].replace("replica_groups=[1,2]<=[2]", "replica_groups={{0},{1}}")
+    path.write_text("\n".join(lines) + "\n")
+    [(_, res)] = verify_dump(tmp_path)
+    assert not res.verified
+    first = res.failures[0]
+    assert (first.op, first.file, first.line, first.kind) == ("all_reduce", str(path), i + 1,
+                                                               "wrong-group"), first

@@ -600,6 +600,27 @@ def test_a_batch_of_one_splits_a_flattened_contraction_as_a_larger_batch_does(ba
     assert dot.params["lhs_contract"] == (3, 4)
 
 
+@pytest.mark.parametrize("producer", ["concatenate", "add"])
+def test_an_all_reduce_of_a_concatenation_reduces_each_piece(producer):
+    # Llama-3's fused QKV weight gradient under data parallelism: the Q, K and V dots'
+    # partial sums concatenated, then summed over ranks; an all-reduce of another op stays
+    def build(b, u, v):
+        if producer == "concatenate":
+            x, shape = b.op("concatenate", [u, v], (3, 7), "float32", {"dimension": 1}), (3, 7)
+        else:
+            x, shape = b.op("add", [u, u], (3, 4), "float32"), (3, 4)
+        return b.op("all_reduce", [x], shape, "float32",
+                    {"reducer": "sum", "groups": [[0, 1]]})
+    g, ids = _graph(build, [(3, 4), (3, 3)])
+    before = copy.deepcopy(g)
+    if producer != "concatenate":
+        assert not simplify_graph(g, ids)
+        return
+    assert simplify_graph(g, ids)
+    assert [op.kind for op in g.ops] == ["all_reduce", "all_reduce", "concatenate"]
+    _ranks_agree(before, g, [(3, 4), (3, 3)])
+
+
 def _ranks_agree(before, g, in_shapes, ranks=2):
     """The outputs of `before` and `g` on `ranks` ranks, each rank its own random inputs."""
     ins = [[np.random.default_rng(10 * i + r).standard_normal(s).astype(np.float32)
