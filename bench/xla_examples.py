@@ -11,7 +11,8 @@ verifies would be unsound (never seen: reported loudly).
     python bench/xla_examples.py examples/ring_attention.py --seq after --json
     python bench/xla_examples.py --keep /tmp/pairs     # keep the HLO pairs
 
-Prints one line per case (expected verdict, verdict, compile and verify wall
+Prints one line per case (expected verdict, verdict, for a buggy twin whether
+its `# BUG` line is among the first failure's frames, compile and verify wall
 seconds, the first failure) and a summary; `--json` prints the same as JSON.
 Peak memory is the process's maximum resident set size after all cases.
 """
@@ -21,6 +22,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import argparse  # noqa: E402
 import importlib.util  # noqa: E402
+import inspect  # noqa: E402
 import json  # noqa: E402
 import resource  # noqa: E402
 import sys  # noqa: E402
@@ -47,6 +49,7 @@ class Row:
     compile_s: float
     verify_s: float
     first_failure: str
+    located: bool | None      # a buggy twin: its `# BUG` line among the first failure's frames
 
 
 def _cases(path: Path):
@@ -56,6 +59,19 @@ def _cases(path: Path):
     for name, fn in vars(module).items():
         if callable(fn) and getattr(fn, CASE_MARKER, False):
             yield name, fn()
+
+
+def _bug_line(dist_fn) -> int | None:
+    """The line marked `# BUG` in the local function of a buggy twin (tests/conftest.py)."""
+    fn = dist_fn
+    while hasattr(fn, "__wrapped__"):
+        fn = fn.__wrapped__
+    try:
+        lines, start = inspect.getsourcelines(fn)
+    except (OSError, TypeError):
+        return None
+    marked = [start + i for i, line in enumerate(lines) if "# BUG" in line]
+    return marked[0] if len(marked) == 1 else None
 
 
 def _texts(case, seq_stage: str) -> tuple[str, str]:
@@ -76,13 +92,17 @@ def run_case(path: Path, name: str, case, seq_stage: str, out_dir: Path) -> Row:
         res = verify_hlo(seq_file, dist_file)
     except InputError as e:   # an input error names the file and line (an unknown op, ...)
         return Row(path.name, name, case.expect, "error", t1 - t0, time.perf_counter() - t1,
-                   str(e).splitlines()[0])
-    first = ""
+                   str(e).splitlines()[0], None)
+    first, located = "", None
     if not res.verified:
         first = (f"{res.failures[0].op} at line {res.failures[0].line}: {res.failures[0].message}"
                  if res.failures else "; ".join(res.outputs))
+    if case.expect == "bug" and res.failures:
+        line = _bug_line(case.dist)
+        located = line is not None and any(fr.line == line and Path(fr.file).name == path.name
+                                           for fr in res.failures[0].frames)
     return Row(path.name, name, case.expect, "verified" if res.verified else "not verified",
-               t1 - t0, time.perf_counter() - t1, first[:300])
+               t1 - t0, time.perf_counter() - t1, first[:300], located)
 
 
 def main(argv: list[str]) -> int:
@@ -102,7 +122,8 @@ def main(argv: list[str]) -> int:
             row = run_case(path, name, case, args.seq, out_dir)
             rows.append(row)
             if not args.json:
-                print(f"{row.case:46s} {row.expect:8s} {row.verdict:12s} compile {row.compile_s:5.1f}s "
+                where = {True: "located", False: "elsewhere", None: ""}[row.located]
+                print(f"{row.case:46s} {row.expect:8s} {row.verdict:12s} {where:9s} compile {row.compile_s:5.1f}s "
                       f"verify {row.verify_s:5.1f}s  {row.first_failure[:110]}", flush=True)
     correct = [r for r in rows if r.expect == "verified"]
     bugs = [r for r in rows if r.expect == "bug"]
@@ -112,6 +133,7 @@ def main(argv: list[str]) -> int:
         "correct_errors": sum(r.verdict == "error" for r in correct),
         "bugs_not_verified": sum(r.verdict != "verified" for r in bugs),
         "bugs": len(bugs),
+        "bugs_located": sum(bool(r.located) for r in bugs),
         "verify_wall_s": round(sum(r.verify_s for r in rows), 2),
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
         "seq_stage": args.seq,
@@ -121,7 +143,8 @@ def main(argv: list[str]) -> int:
     else:
         print(f"correct cases verified: {summary['correct_verified']} of {summary['correct']} "
               f"({summary['correct_errors']} stopped at an unsupported op); buggy twins not verified: "
-              f"{summary['bugs_not_verified']} of {summary['bugs']}; verify {summary['verify_wall_s']} s; "
+              f"{summary['bugs_not_verified']} of {summary['bugs']}, located at their # BUG line: "
+              f"{summary['bugs_located']}; verify {summary['verify_wall_s']} s; "
               f"peak RSS {summary['peak_rss_mib']} MiB")
     unsound = [r.case for r in bugs if r.verdict == "verified"]
     if unsound:

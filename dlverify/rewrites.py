@@ -220,12 +220,17 @@ def rewrite_graph(graph: Graph, ids: IdAllocator) -> bool:
 
 def rewrite(problem: Problem) -> None:
     """Rewrite both graphs of `problem` in place."""
+    from dlverify.cse import merge_common_values
     from dlverify.masked_gather import rewrite_masked_gathers   # imports this module
     from dlverify.resharding import rewrite_reshardings
     from dlverify.simplify import simplify_graph
     from dlverify.softmax_form import canonical_softmaxes
     rewrite_masked_gathers(problem)
     unused = [_unused(problem.seq), _unused(problem.dist)]
+    if problem.normal_form:   # compiled modules recompute values per fusion (dlverify/cse.py)
+        for g, before in zip((problem.seq, problem.dist), unused):
+            if merge_common_values(g):
+                _drop_newly_dead(g, before)
     if rewrite_reshardings(problem):
         _drop_newly_dead(problem.dist, unused[1])
     if canonical_softmaxes(problem.seq, problem.dist, problem.ids):
