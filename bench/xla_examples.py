@@ -1,7 +1,8 @@
 """The bundled examples as XLA compiles them: every case of examples/*.py (the
 shard_map and jit programs, correct ones and buggy twins) is lowered with JAX,
 its distributed program compiled by XLA (the per-device module after
-optimisations, what `--xla_dump_to` writes as `*.after_optimizations.txt`), its
+optimisations, as `--xla_dump_to` writes it in `*.after_optimizations.txt`,
+with large constants printed unless `--elide-constants`), its
 sequential program taken before or after optimisations (`--seq`), and the pair
 verified as HLO with no spec (`dlverify check SEQ DIST`). A correct case that is
 not verified is a false alarm of dlverify on toolchain output; a buggy twin that
@@ -74,16 +75,27 @@ def _bug_line(dist_fn) -> int | None:
     return marked[0] if len(marked) == 1 else None
 
 
-def _texts(case, seq_stage: str) -> tuple[str, str]:
+def _after_optimizations(lowered, large_constants: bool) -> str:
+    """The module after optimisations as `--xla_dump_to` writes it (large constants
+    printed in full with `xla_dump_large_constants`, else elided as `{...}`)."""
+    with tempfile.TemporaryDirectory(prefix="dlverify-bench-dump-") as d:
+        lowered.compile(compiler_options={"xla_dump_to": d, "xla_dump_large_constants": large_constants})
+        files = sorted(Path(d).glob("module_*after_optimizations.txt"))
+        return files[-1].read_text(encoding="utf-8")
+
+
+def _texts(case, seq_stage: str, large_constants: bool) -> tuple[str, str]:
     dist = case.dist if hasattr(case.dist, "lower") else jax.jit(case.dist)
     seq = jax.jit(case.seq).lower(*case.args)
-    seq_text = seq.compile().as_text() if seq_stage == "after" else seq.as_text(dialect="hlo")
-    return seq_text, dist.lower(*case.args).compile().as_text()
+    seq_text = (_after_optimizations(seq, large_constants) if seq_stage == "after"
+                else seq.as_text(dialect="hlo"))
+    return seq_text, _after_optimizations(dist.lower(*case.args), large_constants)
 
 
-def run_case(path: Path, name: str, case, seq_stage: str, out_dir: Path) -> Row:
+def run_case(path: Path, name: str, case, seq_stage: str, large_constants: bool,
+             out_dir: Path) -> Row:
     t0 = time.perf_counter()
-    seq_text, dist_text = _texts(case, seq_stage)
+    seq_text, dist_text = _texts(case, seq_stage, large_constants)
     seq_file, dist_file = out_dir / f"{name}.seq.hlo", out_dir / f"{name}.dist.hlo"
     seq_file.write_text(seq_text)
     dist_file.write_text(dist_text)
@@ -110,6 +122,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("files", nargs="*", type=Path)
     ap.add_argument("--seq", choices=("before", "after"), default="before",
                     help="the sequential module before (default) or after XLA's optimisations")
+    ap.add_argument("--elide-constants", action="store_true",
+                    help="dump as XLA does by default: large constants elided as {...}")
     ap.add_argument("--keep", type=Path, help="write the HLO pairs here (default: a temp dir)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -119,7 +133,7 @@ def main(argv: list[str]) -> int:
     rows = []
     for path in files:
         for name, case in _cases(path):
-            row = run_case(path, name, case, args.seq, out_dir)
+            row = run_case(path, name, case, args.seq, not args.elide_constants, out_dir)
             rows.append(row)
             if not args.json:
                 where = {True: "located", False: "elsewhere", None: ""}[row.located]
@@ -137,6 +151,7 @@ def main(argv: list[str]) -> int:
         "verify_wall_s": round(sum(r.verify_s for r in rows), 2),
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
         "seq_stage": args.seq,
+        "large_constants": not args.elide_constants,
     }
     if args.json:
         print(json.dumps({"cases": [asdict(r) for r in rows], "summary": summary}, indent=1))

@@ -220,6 +220,7 @@ def rewrite_graph(graph: Graph, ids: IdAllocator) -> bool:
 
 def rewrite(problem: Problem) -> None:
     """Rewrite both graphs of `problem` in place."""
+    from dlverify.const_layout import fold_constant_layouts
     from dlverify.cse import merge_common_values
     from dlverify.masked_gather import rewrite_masked_gathers   # imports this module
     from dlverify.resharding import rewrite_reshardings
@@ -229,7 +230,7 @@ def rewrite(problem: Problem) -> None:
     unused = [_unused(problem.seq), _unused(problem.dist)]
     if problem.normal_form:   # compiled modules recompute values per fusion (dlverify/cse.py)
         for g, before in zip((problem.seq, problem.dist), unused):
-            if merge_common_values(g):
+            if fold_constant_layouts(g) | bool(merge_common_values(g)):
                 _drop_newly_dead(g, before)
     if rewrite_reshardings(problem):
         _drop_newly_dead(problem.dist, unused[1])
