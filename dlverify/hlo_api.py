@@ -99,6 +99,15 @@ def relate_elided_constants(problem: Problem) -> None:
             problem.inputs.append(replicated(shape, problem.mesh.size))
         times = f" ({len(s_ops)} instances, paired in program order)" if len(s_ops) > 1 else ""
         problem.assumptions.append(f"constant %{name} elided in both files; assumed equal{times}")
+    for side, consts, g in (("sequential", seq_c, problem.seq), ("distributed", dist_c, problem.dist)):
+        unknown = [op for ops in consts.values() for op in ops if op in g.ops]
+        for op in unknown[:5]:   # what reads them cannot relate: say which they are
+            problem.notes.append(
+                f"constant %{op.name} ({Path(op.loc.file).name}:{op.loc.line}) is elided ({{...}}) in "
+                f"the {side} file and has no elided twin in the other: an unknown value that relates "
+                f"to nothing (dump with --xla_dump_large_constants=true)")
+        if len(unknown) > 5:
+            problem.notes.append(f"... and {len(unknown) - 5} more elided constants in the {side} file")
 
 
 def verify_hlo(seq_path: str | Path, dist_path: str | Path, spec_path: str | Path | None = None,

@@ -97,6 +97,13 @@ def test_elided_constants_with_different_names_stay_unknown(tmp_path):
     assert not any("elided" in a for a in res.assumptions)
     # the K and V caches do not need the rotary constant for V: V still verifies
     assert res.outputs[2] == "out2 = concat(r0.out2, r1.out2; dim 2)"
+    # the report names each constant left unknown, in each file, at its line
+    unknown = [n for n in res.notes if "has no elided twin" in n]
+    assert len(unknown) == 2, res.notes
+    assert any(n.startswith("constant %constant.922 (tp2.hlo:") and "distributed file" in n
+               for n in unknown)
+    assert any(n.startswith("constant %constant.22 (tp1_layer1.hlo:") and "sequential file" in n
+               for n in unknown)
 
 
 def _cut_before_the_lm_head(p) -> None:
