@@ -121,6 +121,10 @@ class FoldedOp:
     value: int
 
 
+_CHAIN_REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min")
+CHAIN_DEPTH = 4   # ops that move no element followed upwards from each op (layout_algebra.py)
+
+
 @dataclass
 class Graph:
     """One program. `inputs`/`outputs` are tensor ids in signature order."""
@@ -136,6 +140,27 @@ class Graph:
 
     def producer(self) -> dict[int, Op]:
         return {op.output: op for op in self.ops}
+
+    def moves_no_element(self, op: Op) -> bool:
+        """op's output is a row-major reshape of its operand 0 (a reshape; a
+        broadcast_in_dim that only inserts size-1 dims; a reduction over size-1 dims
+        only, which combines one element; a transpose that keeps the order of the dims
+        with more than one element): a step of a chain (dlverify/layout_algebra.py)."""
+        if not op.inputs:
+            return False
+        src, dst = self.tensors[op.inputs[0]].shape, self.tensors[op.output].shape
+        if op.kind == "reshape":
+            return True
+        if op.kind == "broadcast_in_dim":
+            bd = tuple(op.params["broadcast_dimensions"])
+            return all(src[i] == dst[j] for i, j in enumerate(bd)) and \
+                all(dst[j] == 1 for j in range(len(dst)) if j not in bd)
+        if op.kind in _CHAIN_REDUCTIONS and len(op.inputs) == 1:
+            return all(src[a] == 1 for a in op.params["axes"])
+        if op.kind == "transpose":
+            big = [i for i in op.params["permutation"] if src[i] > 1]
+            return big == sorted(big)
+        return False
 
     def consumers(self) -> dict[int, list[Op]]:
         """The ops reading each tensor, in op order (an op reading it twice, twice)."""

@@ -25,7 +25,7 @@ from math import prod
 from typing import Any, Callable
 
 from dlverify import schema as S
-from dlverify.ir import Graph, Op
+from dlverify.ir import CHAIN_DEPTH, Graph, Op
 from dlverify.ops import NotExecutable
 from dlverify.ops.structural import clamp_start, scalar_index
 from dlverify.passes import Folded
@@ -116,32 +116,6 @@ def _reshape_rows(src: tuple[int, ...], dst: tuple[int, ...], dist: bool,
     return tuple(rows)
 
 
-_REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min")
-CHAIN_DEPTH = 4   # reshape-like ops followed upwards from each op
-
-
-def is_reshape_like(graph: Graph, op: Op) -> bool:
-    """op moves no element: its output is a row-major reshape of its operand 0
-    (a reshape; a broadcast_in_dim that only inserts size-1 dims; a reduction over
-    size-1 dims only, which combines one element; a transpose that keeps the order
-    of the dims with more than one element)."""
-    if not op.inputs:
-        return False
-    src, dst = graph.tensors[op.inputs[0]].shape, graph.tensors[op.output].shape
-    if op.kind == "reshape":
-        return True
-    if op.kind == "broadcast_in_dim":
-        bd = tuple(op.params["broadcast_dimensions"])
-        return all(src[i] == dst[j] for i, j in enumerate(bd)) and \
-            all(dst[j] == 1 for j in range(len(dst)) if j not in bd)
-    if op.kind in _REDUCTIONS and len(op.inputs) == 1:
-        return all(src[a] == 1 for a in op.params["axes"])
-    if op.kind == "transpose":
-        big = [i for i in op.params["permutation"] if src[i] > 1]
-        return big == sorted(big)
-    return False
-
-
 def broadcast_end(src: tuple[int, ...], dst: tuple[int, ...], bd: tuple[int, ...]) -> tuple[int, ...]:
     """The operand of broadcast_in_dim with its new dims inserted as size 1: the
     broadcast is a reshape to this shape, then an expansion of size-1 dims."""
@@ -158,7 +132,7 @@ def reshape_chains(add: AddRow, graph: Graph, dist: bool) -> None:
     dims inserted as size 1 (Reshape_End_Dim), and Broadcast_Expands names the
     dims the broadcast then expands."""
     producer = {op.output: op for op in graph.ops}
-    like = {op.id for op in graph.ops if is_reshape_like(graph, op)}
+    like = {op.id for op in graph.ops if graph.moves_no_element(op)}
     for op in graph.ops:
         out = graph.tensors[op.output].shape
         if op.id in like:

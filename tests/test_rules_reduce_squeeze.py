@@ -15,7 +15,7 @@ from jax.sharding import Mesh as JMesh, PartitionSpec as P
 from rulekit import Tiny
 
 from dlverify.api import verify_jax
-from dlverify.ir import Mesh
+from dlverify.reports.explain import explain
 from dlverify.schema import REDUCER_MAX, REDUCER_SUM
 from dlverify.verdict import Partial
 
@@ -181,7 +181,7 @@ def _pmax_not_psum(x):
 SPECS = dict(in_specs=P(None, "tp", None), out_specs=P(), check_vma=False)
 
 
-def test_weight_gradient_with_one_position_per_rank_verifies():
+def test_weight_gradient_with_one_position_per_rank_verifies_and_is_explained():
     # JAX's own transpose (the norm-weight gradient of issue 10) and the hand-written sum
     def grad_w(x, w):
         return jax.grad(lambda w: jnp.sum(x * w))(w)
@@ -189,6 +189,10 @@ def test_weight_gradient_with_one_position_per_rank_verifies():
                                  out_specs=P()))
     res = verify_jax(grad_w, dist, _sds(2, 2, 4), _sds(4), engine="clingo")
     assert res.verified, [(f.op, f.line, f.message) for f in res.failures[:3]]
+    for rank in range(2):
+        lines = explain(res, "out0", rank)
+        assert any("reduce_squeeze.dl" in line for line in lines), lines
+        assert any("input relation" in line for line in lines), lines
     dist = jax.jit(jax.shard_map(_batch_sum_then_psum, mesh=_mesh(), **SPECS))
     res = verify_jax(_sum_batch_positions, dist, _sds(4, 2, 4), engine="clingo")
     assert res.verified, [(f.op, f.line, f.message) for f in res.failures[:3]]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from dlverify import ir
 from dlverify import schema as S
-from dlverify.ir import Graph, Op
+from dlverify.ir import CHAIN_DEPTH, Graph, Op
 from dlverify.verdict import UNIT_SCALE, Result, ViewFact, fmt_offsets, scale_value, short_path
 
 @dataclass
@@ -22,6 +22,9 @@ class Step:
     rule: str               # the rule family, with its file
     where: str              # the ops involved, with source lines
     premises: list["Step"] = field(default_factory=list)
+
+
+_SQUEEZABLE = ("reduce_sum", "reduce_max", "reduce_min")   # reduce_squeeze.dl's reducers
 
 
 def _family(kind: str) -> str:
@@ -104,7 +107,42 @@ class Explainer:
                 return Step(v, f"induction over one body for {sc.seq.length} iterations "
                                "(induction.py)", f"scan at {short_path(file)}:{line}",
                             [self.step(p, depth - 1, seen) for p in prem])
+        # 5. chains of ops that move no element, paired by the reshape groups, from
+        # starts related by a view, or by reductions whose axes differ by size-1 dims
+        if dop is not None and sop is not None:
+            step = self._chain_step(v, dop, sop, depth, seen)
+            if step is not None:
+                return step
         return Step(v, "constant or iota", _loc(dop) if dop else "")
+
+    def _chain(self, g: Graph, prod: dict[int, Op], t: int) -> list[int]:
+        """t and the tensors up the chain of ops that move no element ending at t (a
+        broadcast_in_dim that expands may end it), as dlverify/layout_algebra.py follows it."""
+        out, op = [t], prod.get(t)
+        for i in range(CHAIN_DEPTH):
+            if op is None or not (g.moves_no_element(op) or (i == 0 and op.kind == "broadcast_in_dim")):
+                break
+            out.append(op.inputs[0])
+            op = prod.get(op.inputs[0])
+        return out
+
+    def _chain_step(self, v: ViewFact, dop: Op, sop: Op, depth: int, seen: set[ViewFact]) -> Step | None:
+        dch, sch = self._chain(self.p.dist, self.dprod, v.dist), self._chain(self.p.seq, self.sprod, v.seq)
+        where = f"{_loc(dop)} ~ {_loc(sop)}"
+        for ds in dch[1:]:
+            for ss in sch[1:]:
+                for c in self._pair_views(ss, ds, v.rank)[:1]:
+                    return Step(v, "reshape chain (layout_algebra.dl)", where, [self.step(c, depth - 1, seen)])
+        for ds in dch[1:]:
+            for ss in sch:
+                dr, sr = self.dprod.get(ds), self.sprod.get(ss)
+                if dr is None or sr is None or dr.kind not in _SQUEEZABLE or sr.kind != dr.kind:
+                    continue
+                for c in self._pair_views(sr.inputs[0], dr.inputs[0], v.rank)[:1]:
+                    return Step(v, "reductions whose axes differ by size-1 dims (reduce_squeeze.dl), "
+                                   "then reshapes (layout_algebra.dl)", f"{_loc(dr)} ~ {_loc(sr)}; {where}",
+                                [self.step(c, depth - 1, seen)])
+        return None
 
     def render(self, v: ViewFact, depth: int = 12) -> list[str]:
         lines: list[str] = []
