@@ -13,51 +13,189 @@ replaces the chain's last op by that all-gather and a `dynamic_slice` at
 `q(rank) * (t/n)` (the rank's position read from a constant table indexed by
 the rank, as XLA writes partition-dependent offsets), which the rules relate.
 
-Sound by construction, not by pattern: the chain and the candidate are pure
+A compiled module writes the same exchange as a region rather than a chain:
+XLA's tuple all-to-all slices the block into one piece per peer, exchanges the
+pieces and concatenates what it receives, and elementwise ops may sit between
+the exchange and the layout ops that finish the resharding (they commute with
+data movement). So the pass first moves reshapes and transposes above the
+elementwise ops they follow (`x` op splats: each element's value is unchanged,
+only where it sits), then takes the region of data movement around each
+all-to-all: the ops between one source tensor and one end tensor, reshape,
+transpose, slice, concatenate and the all-to-all, and tries every source and
+end, largest region first.
+
+Sound by construction, not by pattern: the region and the candidate are pure
 data movement (every output element is one input element), so running both
 on inputs whose elements are all distinct (each rank's flat positions, tagged
 by the rank) and getting the same outputs on every rank proves them equal for
-all inputs. Only chains of reshape, transpose and all-to-all with `groups`
-over the flat rank (HLO programs) are tried, and only when the tags fit in
-`MAX_TAGGED` elements per rank.
+all inputs. Only programs whose all-to-alls have `groups` over the flat rank
+(HLO programs) are tried, and only when the tags fit in `MAX_TAGGED` elements
+per rank.
 """
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 
 from dlverify.frontends.hlo.model import FLAT_AXIS
 from dlverify.interpret import Interpreter
 from dlverify.ir import Graph, GraphBuilder, IdAllocator, Op
+from dlverify.ops import KINDS, Family, NotExecutable
 from dlverify.problem import Problem
 
-MAX_CHAIN = 6
+MAX_REGION = 64        # ops of one region
 MAX_TAGGED = 1 << 20   # elements per rank run through the proof
+MOVES = frozenset({"reshape", "transpose", "slice", "concatenate", "all_to_all"})
+LAYOUTS = frozenset({"reshape", "transpose"})
 
 
-def _chains(g: Graph) -> list[list[Op]]:
-    """Chains of data-movement ops holding one all-to-all, each op's data input the
-    previous op's output, from a tensor that is no such op's output."""
-    producer = {op.output: op for op in g.ops}
-    readers: dict[int, list[Op]] = {}
+def _readers(g: Graph) -> dict[int, list[Op]]:
+    out: dict[int, list[Op]] = {}
     for op in g.ops:
         for t in op.inputs:
-            readers.setdefault(t, []).append(op)
-    out = []
+            out.setdefault(t, []).append(op)
+    return out
+
+
+def _splat_scalar(g: Graph, producer: dict[int, Op], t: int) -> int | None:
+    """The scalar a broadcast of one value reads (`broadcast_in_dim` with no dims)."""
+    op = producer.get(t)
+    if op is not None and op.kind == "broadcast_in_dim" and not op.params["broadcast_dimensions"] \
+            and g.tensors[op.inputs[0]].shape == ():
+        return op.inputs[0]
+    return None
+
+
+def _data_operand(g: Graph, producer: dict[int, Op], e: Op) -> int | None:
+    """The position of the one operand of elementwise `e` that is not a splat, when its
+    other operands are splats and it has e's shape."""
+    if KINDS[e.kind].family is not Family.ELEMENTWISE or e.kind == "select_n":
+        return None
+    data = [i for i, t in enumerate(e.inputs) if _splat_scalar(g, producer, t) is None]
+    if len(data) != 1 or g.tensors[e.inputs[data[0]]].shape != g.tensors[e.output].shape:
+        return None
+    return data[0]
+
+
+def _after_exchanges(g: Graph, producer: dict[int, Op]) -> set[int]:
+    """Tensors computed from an all-to-all's result by data movement and elementwise ops
+    on it and splats."""
+    out: set[int] = set()
     for op in g.ops:
-        if op.kind != "all_to_all" or "groups" not in op.params:
+        if op.kind == "all_to_all" or (op.kind in MOVES and op.inputs and op.inputs[0] in out):
+            out.add(op.output)
+        elif op.inputs and (i := _data_operand(g, producer, op)) is not None and op.inputs[i] in out:
+            out.add(op.output)
+    return out
+
+
+def hoist_layouts(g: Graph, ids: IdAllocator) -> bool:
+    """Move every reshape or transpose above the elementwise op it reads, after an
+    all-to-all, when that op has one data operand, its other operands splats, and no
+    other reader: layout(e(x, splats)) = e(layout(x), splats of the new shape). Each
+    element keeps its value; only where it sits changes. Returns whether anything moved."""
+    changed = False
+    while True:   # one pass per elementwise op a layout still has to pass
+        producer, readers = {op.output: op for op in g.ops}, _readers(g)
+        after = _after_exchanges(g, producer)
+        kept: list[Op] = []
+        hoisted: set[int] = set()        # elementwise ops now computed below their layout
+        for lay in g.ops:
+            e = producer.get(lay.inputs[0]) if lay.kind in LAYOUTS else None
+            d = None if e is None else _data_operand(g, producer, e)
+            if d is None or e.output not in after or len(readers.get(e.output, [])) != 1 \
+                    or e.output in g.outputs:
+                kept.append(lay)
+                continue
+            kept.extend(_hoisted(g, ids, producer, lay, e, d))
+            hoisted.add(e.id)
+        if not hoisted:
+            return changed
+        g.ops = [op for op in kept if op.id not in hoisted]
+        changed = True
+
+
+def _hoisted(g: Graph, ids: IdAllocator, producer: dict[int, Op], lay: Op, e: Op, d: int) -> list[Op]:
+    """layout(e(..x..)) as e(..layout(x)..), the splats broadcast to the new shape; the
+    last op writes the layout's output tensor."""
+    out = g.tensors[lay.output]
+    scratch = Graph("hoisted", tensors=g.tensors)
+    b = GraphBuilder(scratch, ids)
+    x = e.inputs[d]
+    ins = [b.op(lay.kind, [x], out.shape, g.tensors[x].dtype, dict(lay.params), lay.loc)
+           if i == d else
+           b.op("broadcast_in_dim", [_splat_scalar(g, producer, t)], out.shape, g.tensors[t].dtype,
+                {"broadcast_dimensions": ()}, e.loc)
+           for i, t in enumerate(e.inputs)]
+    b.op(e.kind, ins, out.shape, out.dtype, dict(e.params), e.loc, e.name, output=lay.output)
+    return scratch.ops
+
+
+def _upward(producer: dict[int, Op], start: Op, source: int) -> list[Op] | None:
+    """The data-movement ops computing `start`'s operands from `source` alone, in
+    program order by discovery (None when another tensor feeds them)."""
+    ops: dict[int, Op] = {}
+    stack = list(start.inputs)
+    while stack:
+        t = stack.pop()
+        if t == source:
             continue
-        chain = [op]
-        while len(chain) < MAX_CHAIN:   # back to the chain's start
-            p = producer.get(chain[0].inputs[0])
-            if p is None or p.kind not in ("reshape", "transpose"):
-                break
-            chain.insert(0, p)
-        while len(chain) < MAX_CHAIN:   # on to its end, through single readers
-            nxt = readers.get(chain[-1].output, [])
-            if len(nxt) != 1 or nxt[0].kind not in ("reshape", "transpose"):
-                break
-            chain.append(nxt[0])
-        out.append(chain)
+        op = producer.get(t)
+        if op is None or op.kind not in MOVES or len(ops) > MAX_REGION:
+            return None
+        if op.id not in ops:
+            ops[op.id] = op
+            stack.extend(op.inputs)
+    return list(ops.values())
+
+
+def _sources(producer: dict[int, Op], a2a: Op) -> list[int]:
+    """Tensors above the all-to-all, through data movement, nearest first."""
+    out, seen, frontier = [], set(), [a2a.inputs[0]]
+    while frontier and len(out) < MAX_REGION:
+        t = frontier.pop(0)
+        if t in seen:
+            continue
+        seen.add(t)
+        out.append(t)
+        op = producer.get(t)
+        if op is not None and op.kind in MOVES:
+            frontier.extend(op.inputs)
+    return out
+
+
+def _ends(g: Graph, readers: dict[int, list[Op]], a2a: Op) -> list[Op]:
+    """Data-movement ops below the all-to-all (itself included), nearest first."""
+    out, seen, frontier = [a2a], {a2a.id}, [a2a.output]
+    while frontier and len(out) < MAX_REGION:
+        t = frontier.pop(0)
+        for op in readers.get(t, []):
+            if op.kind in MOVES and op.id not in seen:
+                seen.add(op.id)
+                out.append(op)
+                frontier.append(op.output)
+    return out
+
+
+def _regions(g: Graph) -> list[tuple[int, list[Op]]]:
+    """(source, ops in program order) of each data-movement region around an all-to-all
+    that computes its end from the source alone, largest first for each all-to-all."""
+    producer, readers = {op.output: op for op in g.ops}, _readers(g)
+    order = {op.id: i for i, op in enumerate(g.ops)}
+    out = []
+    for a2a in g.ops:
+        if a2a.kind != "all_to_all" or "groups" not in a2a.params:
+            continue
+        found = []
+        for end in _ends(g, readers, a2a):
+            for x in _sources(producer, a2a):
+                ops = _upward(producer, end, x)
+                if ops is not None and a2a in ops or (end is a2a and ops is not None):
+                    region = sorted({op.id: op for op in [*ops, end]}.values(), key=lambda o: order[o.id])
+                    found.append((x, region))
+        found.sort(key=lambda xr: -len(xr[1]))
+        out.extend(found)
     return out
 
 
@@ -74,82 +212,101 @@ def _run(tensors: dict, ops: list[Op], x: int, ranks: int) -> dict[int, list[np.
 
 def _candidate(g: Graph, ids: IdAllocator, x: int, end: Op, groups: list[list[int]], ranks: int,
                s: int, t: int) -> Graph:
-    """all_gather(x, s) sliced at q(rank) * size along t, in a scratch graph holding
-    x, the chain's end and the new tensors only (not a copy of all of g's)."""
+    """all_gather(x, s) sliced at q(rank) * size along t (then reshaped to the end's
+    shape when it differs), in a scratch graph holding x, the region's end and the new
+    tensors only (not a copy of all of g's)."""
     xt, ot = g.tensors[x], g.tensors[end.output]
     n = len(groups[0])
     scratch = Graph("candidate", tensors={x: xt, end.output: ot})
     b = GraphBuilder(scratch, ids)
     gathered_shape = tuple(d * n if i == s else d for i, d in enumerate(xt.shape))
+    sliced_shape = tuple(d // n if i == t else d for i, d in enumerate(gathered_shape))
     gathered = b.op("all_gather", [x], gathered_shape, xt.dtype,
                     {"dimension": s, "groups": groups}, end.loc, f"{end.name}.gathered")
     table = np.zeros(ranks, np.int32)
     for grp in groups:
         for q, r in enumerate(grp):
-            table[r] = q * ot.shape[t]
+            table[r] = q * sliced_shape[t]
     offsets = b.constant(table, (ranks,), "int32", end.loc, f"{end.name}.offsets")
     rank = b.op("axis_index", [], (), "int32", {"axis": FLAT_AXIS}, end.loc, f"{end.name}.rank")
     picked = b.op("dynamic_slice", [offsets, rank], (1,), "int32", {"slice_sizes": (1,)},
                   end.loc, f"{end.name}.offset1")
     start = b.op("reshape", [picked], (), "int32", {}, end.loc, f"{end.name}.offset")
     zero = b.constant(np.int32(0), (), "int32", end.loc, f"{end.name}.zero")
-    starts = [start if i == t else zero for i in range(len(ot.shape))]
-    b.op("dynamic_slice", [gathered, *starts], ot.shape, ot.dtype,
-         {"slice_sizes": ot.shape}, end.loc, end.name, output=end.output)
+    starts = [start if i == t else zero for i in range(len(sliced_shape))]
+    if sliced_shape == ot.shape:
+        b.op("dynamic_slice", [gathered, *starts], ot.shape, ot.dtype,
+             {"slice_sizes": ot.shape}, end.loc, end.name, output=end.output)
+    else:   # the region also merges or splits dims: the block, reshaped
+        block = b.op("dynamic_slice", [gathered, *starts], sliced_shape, ot.dtype,
+                     {"slice_sizes": sliced_shape}, end.loc, f"{end.name}.block")
+        b.op("reshape", [block], ot.shape, ot.dtype, {}, end.loc, end.name, output=end.output)
     return scratch
 
 
-def _replacement(g: Graph, ids: IdAllocator, chain: list[Op], ranks: int) -> list[Op] | None:
-    """The all-gather and slice equal to the chain's end (proven on tags), else None."""
-    x = chain[0].inputs[0]
-    end = chain[-1]
+def _replacement(g: Graph, ids: IdAllocator, x: int, region: list[Op], ranks: int) -> list[Op] | None:
+    """The all-gather and slice equal to the region's end (proven on tags), else None.
+    Tried: every dim s to gather along and t to slice, when the end has the block's
+    shape (t = s excluded: that is no exchange) or, merging or splitting dims, its
+    element count."""
+    end = region[-1]
     xs, os_ = g.tensors[x].shape, g.tensors[end.output].shape
-    groups = chain[[op.kind for op in chain].index("all_to_all")].params["groups"]
+    groups = next(op for op in region if op.kind == "all_to_all").params["groups"]
     n = len(groups[0]) if groups else 0
-    if n < 2 or len(xs) != len(os_) or any(len(grp) != n for grp in groups) \
+    if n < 2 or any(len(grp) != n for grp in groups) \
             or sorted(r for grp in groups for r in grp) != list(range(ranks)) \
-            or int(np.prod(xs)) > MAX_TAGGED:
+            or int(np.prod(xs)) > MAX_TAGGED or int(np.prod(xs)) != int(np.prod(os_)):
         return None
-    grown = [i for i in range(len(xs)) if os_[i] == xs[i] * n]
-    shrunk = [i for i in range(len(xs)) if os_[i] * n == xs[i]]
-    if any(os_[i] != xs[i] for i in range(len(xs)) if i not in grown and i not in shrunk):
+    def block(s: int, t: int) -> tuple[int, ...]:
+        return tuple(d * n if i == s else d // n if i == t else d for i, d in enumerate(xs))
+    pairs = [(s, t) for s in range(len(xs)) for t in range(len(xs)) if s != t and xs[t] % n == 0]
+    if end.kind == "all_to_all":   # an exchange alone: the collective rules read it as it is
+        pairs = [st for st in pairs if block(*st) == tuple(os_)]
+    pairs.sort(key=lambda st: block(*st) != tuple(os_))   # a block needing no reshape first
+    try:
+        want = _run(g.tensors, region, x, ranks)[end.output]
+    except NotExecutable:   # e.g. an exchange the evaluator refuses: nothing is rewritten
         return None
-    want = _run(g.tensors, chain, x, ranks)[end.output]
-    for s in grown:
-        for t in shrunk:
-            if s == t:
-                continue
-            scratch = _candidate(g, ids, x, end, groups, ranks, s, t)
-            got = _run(scratch.tensors, scratch.ops, x, ranks)[end.output]
-            if all(np.array_equal(a, b) for a, b in zip(got, want)):
-                g.tensors.update(scratch.tensors)
-                return scratch.ops
+    for s, t in pairs:
+        scratch = _candidate(g, ids, x, end, groups, ranks, s, t)
+        got = _run(scratch.tensors, scratch.ops, x, ranks)[end.output]
+        if all(np.array_equal(a, b) for a, b in zip(got, want)):
+            g.tensors.update(scratch.tensors)
+            return scratch.ops
     return None
 
 
 def rewrite_reshardings(problem: Problem) -> bool:
-    """Replace the end of every all-to-all resharding chain of the distributed graph
+    """Replace the end of every all-to-all resharding region of the distributed graph
     that an all-gather and a slice reproduce (see the module docstring)."""
     g = problem.dist
-    if problem.mesh.axis_names != (FLAT_AXIS,):
+    if problem.mesh.axis_names != (FLAT_AXIS,) or not any(op.kind == "all_to_all" for op in g.ops):
         return False
     ranks = problem.mesh.size
-    changed = False
-    for chain in _chains(g):
-        # the longest piece around the all-to-all that an all-gather reproduces
-        # (the chain may begin with moves of its own before the resharding starts)
-        first = [op.kind for op in chain].index("all_to_all")
-        pieces = sorted(((a, b) for a in range(first + 1) for b in range(len(chain), first, -1)),
-                        key=lambda ab: ab[0] - ab[1])
-        for a, b in pieces:
-            ops = _replacement(g, problem.ids, chain[a:b], ranks)
-            if ops is None:
-                continue
-            at = g.ops.index(chain[b - 1])
-            g.ops[at:at + 1] = ops
-            changed = True
-            break
-    return changed
+    # layouts hoisted above elementwise ops on a copy, kept only when a region then
+    # becomes an all-gather: elsewhere the program keeps the order the rules pair
+    hoisted = copy.deepcopy(g)
+    for graph in ((hoisted, g) if hoist_layouts(hoisted, problem.ids) else (g,)):
+        if _rewrite_regions(graph, problem.ids, ranks):
+            if graph is hoisted:
+                g.ops, g.tensors, g.outputs = hoisted.ops, hoisted.tensors, hoisted.outputs
+            return True
+    return False
 
 
-__all__ = ["rewrite_reshardings"]
+def _rewrite_regions(g: Graph, ids: IdAllocator, ranks: int) -> bool:
+    done: set[int] = set()      # all-to-alls whose region was rewritten
+    for x, region in _regions(g):
+        a2a = next(op for op in region if op.kind == "all_to_all")
+        if a2a.id in done or region[-1] not in g.ops:
+            continue
+        ops = _replacement(g, ids, x, region, ranks)
+        if ops is None:
+            continue
+        at = g.ops.index(region[-1])
+        g.ops[at:at + 1] = ops
+        done.add(a2a.id)
+    return bool(done)
+
+
+__all__ = ["rewrite_reshardings", "hoist_layouts"]

@@ -223,12 +223,14 @@ def rewrite(problem: Problem) -> None:
     from dlverify.const_layout import fold_constant_layouts
     from dlverify.cse import merge_common_values
     from dlverify.masked_gather import rewrite_masked_gathers   # imports this module
+    from dlverify.rounded_reciprocal import match_rounded_reciprocals
     from dlverify.resharding import rewrite_reshardings
     from dlverify.simplify import simplify_graph
     from dlverify.softmax_form import canonical_softmaxes
     rewrite_masked_gathers(problem)
     unused = [_unused(problem.seq), _unused(problem.dist)]
     if problem.normal_form:   # compiled modules recompute values per fusion (dlverify/cse.py)
+        match_rounded_reciprocals(problem.seq, problem.dist, problem.ids, problem.assumptions)
         for g, before in zip((problem.seq, problem.dist), unused):
             if fold_constant_layouts(g) | bool(merge_common_values(g)):
                 _drop_newly_dead(g, before)
