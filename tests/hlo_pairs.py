@@ -1,10 +1,17 @@
 """Verifying a pair of HLO module texts written to files, for the HLO op tests
-(test_hlo_sort.py, test_hlo_batchnorm.py, test_hlo_custom_neuron.py)."""
+(test_hlo_sort.py, test_hlo_batchnorm.py, test_hlo_custom_neuron.py), and the
+bundled examples as XLA compiles them (test_cse.py, test_const_layout.py,
+test_resharding_regions.py; bench/xla_examples.py runs them all)."""
+import importlib.util
+import tempfile
 from pathlib import Path
 
+from conftest import bug_line
 from rulekit import assert_views_hold
 
 from dlverify.hlo_api import verify_hlo
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def verify_texts(tmp_path: Path, seq: str, dist: str):
@@ -23,3 +30,36 @@ def assert_pair_verifies(tmp_path: Path, seq: str, dist: str, outputs: list[str]
     assert res.outputs == outputs
     assert_views_hold(res.problem, res.views, seeds=(0,), padded=res.padded_views)
     return res
+
+
+def example_module(name: str):
+    """examples/NAME.py, loaded under a private module name."""
+    spec = importlib.util.spec_from_file_location(f"_hlo_pairs_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def compiled_pair(case, dumped: bool = False) -> tuple[str, str]:
+    """The case's sequential module before optimisations and its distributed module
+    after them: XLA's compiled text (large constants elided), or, `dumped`, the file
+    --xla_dump_to writes with --xla_dump_large_constants."""
+    import jax
+    seq = jax.jit(case.seq).lower(*case.args).as_text(dialect="hlo")
+    lowered = case.dist.lower(*case.args)
+    if not dumped:
+        return seq, lowered.compile().as_text()
+    with tempfile.TemporaryDirectory() as d:
+        lowered.compile(compiler_options={"xla_dump_to": d, "xla_dump_large_constants": True})
+        return seq, sorted(Path(d).glob("module_*after_optimizations.txt"))[-1].read_text()
+
+
+def assert_compiled_case_and_twin(tmp_path: Path, correct, twin, dumped: bool = False) -> None:
+    """The correct case verifies from its compiled modules; the buggy twin does not, and
+    its first failure's frames hold its `# BUG` line."""
+    res = verify_texts(tmp_path, *compiled_pair(correct, dumped))
+    assert res.verified, [(f.op, f.line, f.message[:200]) for f in res.failures[:2]]
+    res = verify_texts(tmp_path, *compiled_pair(twin, dumped))
+    assert not res.verified
+    assert bug_line(twin.dist) in {fr.line for fr in res.failures[0].frames}, \
+        [(f.op, f.line, f.message[:200]) for f in res.failures[:2]]

@@ -7,19 +7,13 @@ non-layout ops are left alone; a closed-over array used before a shard_map, its
 program compiled by XLA and dumped with large constants, verifies, and the twin
 with a wrong constant does not, located at its `# BUG` line."""
 import copy
-import importlib.util
-import tempfile
-from pathlib import Path
 
 import numpy as np
-from conftest import bug_line
-from hlo_pairs import verify_texts
+from hlo_pairs import assert_compiled_case_and_twin, example_module
 
 from dlverify.const_layout import fold_constant_layouts
 from dlverify.interpret import Interpreter
 from dlverify.ir import Graph, GraphBuilder, IdAllocator
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_layouts_of_array_constants_fold_and_keep_their_values():
@@ -46,33 +40,7 @@ def test_layouts_of_array_constants_fold_and_keep_their_values():
     assert not fold_constant_layouts(g)
 
 
-def _outside():
-    path = ROOT / "examples" / "outside_shard_map.py"
-    spec = importlib.util.spec_from_file_location("_const_layout_outside", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _dumped_after_optimizations(lowered) -> str:
-    """The module after optimisations as --xla_dump_to writes it, large constants printed."""
-    with tempfile.TemporaryDirectory() as d:
-        lowered.compile(compiler_options={"xla_dump_to": d, "xla_dump_large_constants": True})
-        return sorted(Path(d).glob("module_*after_optimizations.txt"))[-1].read_text()
-
-
-def _pair(case):
-    import jax
-    seq = jax.jit(case.seq).lower(*case.args).as_text(dialect="hlo")
-    return seq, _dumped_after_optimizations(case.dist.lower(*case.args))
-
-
 def test_closed_over_array_before_a_shard_map_verifies_from_its_dump(tmp_path):
-    outside = _outside()
-    res = verify_texts(tmp_path, *_pair(outside.outside_pre_and_post()))
-    assert res.verified, [(f.op, f.line, f.message[:200]) for f in res.failures[:2]]
-    twin = outside.outside_bug_wrong_constant()
-    res = verify_texts(tmp_path, *_pair(twin))
-    assert not res.verified
-    assert bug_line(twin.dist) in {fr.line for fr in res.failures[0].frames}, \
-        [(f.op, f.line, f.message[:200]) for f in res.failures[:2]]
+    outside = example_module("outside_shard_map")
+    assert_compiled_case_and_twin(tmp_path, outside.outside_pre_and_post(),
+                                  outside.outside_bug_wrong_constant(), dumped=True)

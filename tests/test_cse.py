@@ -8,19 +8,13 @@ verifies from its HLO (its running maxima are maxima of the very blocks they
 shift only once the recomputed divisions are merged), and its buggy twin does
 not, located at its `# BUG` line."""
 import copy
-import importlib.util
-from pathlib import Path
 
-import jax
 import numpy as np
-from conftest import bug_line
-from hlo_pairs import verify_texts
+from hlo_pairs import assert_compiled_case_and_twin, example_module
 
 from dlverify.cse import merge_common_values
 from dlverify.interpret import Interpreter
 from dlverify.ir import Graph, GraphBuilder, IdAllocator
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _duplicated_fusions() -> tuple[Graph, dict[str, int]]:
@@ -67,25 +61,6 @@ def test_nothing_to_merge_changes_nothing():
     assert merge_common_values(g) == {} and g.ops == ops
 
 
-def _ring():
-    path = ROOT / "examples" / "ring_attention.py"
-    spec = importlib.util.spec_from_file_location("_cse_ring_attention", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _compiled_pair(case):
-    seq = jax.jit(case.seq).lower(*case.args).as_text(dialect="hlo")
-    return seq, case.dist.lower(*case.args).compile().as_text()
-
-
 def test_compiled_ring_attention_verifies_and_its_twin_is_located(tmp_path):
-    ring = _ring()
-    res = verify_texts(tmp_path, *_compiled_pair(ring.ring_attention_forward()))
-    assert res.verified, [(f.op, f.line, f.message[:200]) for f in res.failures[:2]]
-    twin = ring.ring_bug_rescale_inverted()
-    res = verify_texts(tmp_path, *_compiled_pair(twin))
-    assert not res.verified
-    assert bug_line(twin.dist) in {fr.line for fr in res.failures[0].frames}, \
-        [(f.op, f.line, f.message[:200]) for f in res.failures[:2]]
+    ring = example_module("ring_attention")
+    assert_compiled_case_and_twin(tmp_path, ring.ring_attention_forward(), ring.ring_bug_rescale_inverted())

@@ -9,22 +9,16 @@ random data); the examples' all-to-all reshardings and Ulysses attention,
 compiled by XLA, verify from their HLO, and the twins do not, located at their
 `# BUG` line."""
 import copy
-import importlib.util
-from pathlib import Path
 
-import jax
 import numpy as np
 import pytest
-from conftest import bug_line
-from hlo_pairs import verify_texts
+from hlo_pairs import assert_compiled_case_and_twin, example_module
 
 from dlverify.frontends.hlo.model import FLAT_AXIS
 from dlverify.interpret import Interpreter
 from dlverify.ir import Graph, GraphBuilder, IdAllocator, Mesh
 from dlverify.problem import Problem
 from dlverify.resharding import hoist_layouts, rewrite_reshardings
-
-ROOT = Path(__file__).resolve().parent.parent
 GROUPS = [[0, 1, 2, 3]]
 
 
@@ -92,29 +86,10 @@ def test_hoisting_keeps_values_and_stops_at_values_read_twice():
     assert any(op.kind == "tanh" and op.output == tanh.output for op in p.dist.ops)
 
 
-def _module(name):
-    path = ROOT / "examples" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"_regions_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _compiled_pair(case):
-    seq = jax.jit(case.seq).lower(*case.args).as_text(dialect="hlo")
-    return seq, case.dist.lower(*case.args).compile().as_text()
-
-
 @pytest.mark.parametrize("example,correct,twin", [
     ("all_to_all_reshard", "all_to_all_heads", "all_to_all_heads_bug_split_head_dim"),
     ("ulysses_attention", "ulysses_causal_attention", "ulysses_bug_back_all_to_all_wrong_concat_axis"),
 ])
 def test_compiled_all_to_all_programs_verify_and_twins_are_located(tmp_path, example, correct, twin):
-    m = _module(example)
-    res = verify_texts(tmp_path, *_compiled_pair(getattr(m, correct)()))
-    assert res.verified, [(f.op, f.line, f.message[:200]) for f in res.failures[:2]]
-    bug = getattr(m, twin)()
-    res = verify_texts(tmp_path, *_compiled_pair(bug))
-    assert not res.verified
-    assert bug_line(bug.dist) in {fr.line for fr in res.failures[0].frames}, \
-        [(f.op, f.line, f.message[:200]) for f in res.failures[:2]]
+    m = example_module(example)
+    assert_compiled_case_and_twin(tmp_path, getattr(m, correct)(), getattr(m, twin)())
