@@ -56,7 +56,7 @@ class _Probes:
     nan: np.ndarray
 
 
-def _key_values(dtype: str) -> np.ndarray | None:
+def key_values(dtype: str) -> np.ndarray | None:
     """Probe values of a key type: extremes, neighbours of zero, both zeros,
     equal pairs come from the cross product. None: not an orderable type."""
     dt = np_dtype(dtype)
@@ -102,33 +102,49 @@ def _probes(dtypes: list[str], keys: np.ndarray) -> _Probes:
     return _Probes(args, l64, r64, signed_zero, np.isnan(l64) | np.isnan(r64))
 
 
-def _run(L: Lowerer, ins: HloInstruction, comp: HloComputation, dtypes: list[str],
-         probes: _Probes) -> np.ndarray:
-    """The comparator's value on every probe, by the shared evaluator."""
+def evaluate_scalar_computation(L: Lowerer, ins: HloInstruction, comp: HloComputation,
+                                dtypes: list[str], columns: list[list[np.ndarray]],
+                                role: str) -> list[np.ndarray]:
+    """Computation `comp` (called by `ins` as its `role`: comparator, reducer)
+    over scalar parameters of element types `dtypes`, evaluated by the shared
+    evaluator on every probe (columns[k]: parameter k's values, one per probe).
+    One array per element of its (tuple) root, one entry per probe; anything
+    that cannot be evaluated is an UnknownOpError naming `ins`'s line."""
     from dlverify.frontends.hlo.lower import Lowerer as _Lowerer
-    graph = Graph(f"comparator {comp.name}")
+    graph = Graph(f"{role} {comp.name}")
     b = GraphBuilder(graph, IdAllocator())
     sub = _Lowerer(L.m, b, L.ranks, L.registry)
     sub.bit_reinterpretation = True
-    params = [b.tensor((), d, f"p{k}") for k, d in enumerate(t for d in dtypes for t in (d, d))]
+    params = [b.tensor((), d, f"p{k}") for k, d in enumerate(dtypes)]
     graph.inputs = params
-    n = len(probes.lhs)
+    n = len(columns[0]) if columns else 0
     try:
         root = sub.run_comp(comp, list(params), None, ins)
-        if not isinstance(root, (int, np.integer)) or graph.tensors[int(root)].shape != () \
-                or graph.tensors[int(root)].dtype != "bool":
-            raise L.err(ins, f"comparator %{comp.name} does not return pred[]")
+        leaves = list(root) if isinstance(root, tuple) else [root]
+        if not all(isinstance(t, (int, np.integer)) and graph.tensors[int(t)].shape == ()
+                   for t in leaves):
+            raise L.err(ins, f"{role} %{comp.name} does not return scalars")
         ranked = [op.kind for op in graph.ops if op.kind in COLLECTIVES or op.kind == "axis_index"]
-        if ranked:   # the probes run as ranks: a comparator must not look across them
-            raise L.unknown(ins, f"comparator %{comp.name} uses {ranked[0]}")
-        vals = Interpreter(graph, n).run([[np.asarray(v) for v in col] for col in probes.args])
+        if ranked:   # the probes run as ranks: the computation must not look across them
+            raise L.unknown(ins, f"{role} %{comp.name} uses {ranked[0]}")
+        vals = Interpreter(graph, n).run([[np.asarray(v) for v in col] for col in columns])
     except (InputError, UnknownOpError) as e:
         where = f" (line {e.line})" if e.line else ""
-        raise L.unknown(ins, f"comparator %{comp.name} cannot be evaluated: {e.message}{where}") \
+        raise L.unknown(ins, f"{role} %{comp.name} cannot be evaluated: {e.message}{where}") \
             from None
     except NotExecutable as e:
-        raise L.unknown(ins, f"comparator %{comp.name} cannot be evaluated: {e}") from None
-    return np.array([bool(np.asarray(v).reshape(())) for v in vals[int(root)]])
+        raise L.unknown(ins, f"{role} %{comp.name} cannot be evaluated: {e}") from None
+    return [np.array([np.asarray(v).reshape(()) for v in vals[int(t)]]) for t in leaves]
+
+
+def _run(L: Lowerer, ins: HloInstruction, comp: HloComputation, dtypes: list[str],
+         probes: _Probes) -> np.ndarray:
+    """The comparator's value on every probe, by the shared evaluator."""
+    res = evaluate_scalar_computation(L, ins, comp, [t for d in dtypes for t in (d, d)],
+                                      probes.args, "comparator")
+    if len(res) != 1 or res[0].dtype != np.bool_:
+        raise L.unknown(ins, f"comparator %{comp.name} does not return pred[]")
+    return res[0].astype(bool)
 
 
 def comparator_order(L: Lowerer, ins: HloInstruction, comp: HloComputation,
@@ -154,7 +170,7 @@ def _classify(L: Lowerer, ins: HloInstruction, comp: HloComputation,
     if got != want:
         raise L.err(ins, f"comparator %{comp.name} takes ({', '.join(map(str, got))}), expected "
                          f"two scalars per operand ({', '.join(want)})")
-    keys = _key_values(dtypes[0])
+    keys = key_values(dtypes[0])
     if keys is None:
         raise L.unknown(ins, f"sort keys of type {dtypes[0]} have no order the IR knows")
     probes = _probes(dtypes, keys)

@@ -1,4 +1,6 @@
-"""Contractions and reductions: dot and reduce (with its identity init check)."""
+"""Contractions and reductions: dot, reduce (with its identity init check; a
+variadic argmax/argmin reduce: argreduce.py) and the reduce-window of a
+cumulative sum, product, max or min."""
 from __future__ import annotations
 
 from typing import Any, TYPE_CHECKING
@@ -8,6 +10,7 @@ import numpy as np
 from dlverify.frontends.hlo.attributes import ints
 from dlverify.frontends.hlo.model import np_dtype
 from dlverify.frontends.hlo.model import HloComputation, HloInstruction
+from dlverify.frontends.hlo.ops.argreduce import arg_reduce
 from dlverify.frontends.hlo.ops.registry import Val, handler
 from dlverify.ir import SourceLoc
 
@@ -65,7 +68,7 @@ _REDUCE_KINDS = {"add": "reduce_sum", "maximum": "reduce_max", "minimum": "reduc
 def _reduce(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
             loc: SourceLoc) -> Val:
     if ins.shape.is_tuple or len(ops) != 2:
-        raise L.unknown(ins, "variadic (tuple) reduce is not supported")
+        return arg_reduce(L, ins, ops, comp, loc, _identity_value)
     op = L.reducer(ins, {k: k for k in _REDUCE_KINDS})
     x, init = L.tid(ins, ops[0]), L.tid(ins, ops[1])
     if L.shape_of(init) != ():
@@ -81,3 +84,60 @@ def _reduce(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputatio
     sh = L.array_shape(ins)
     axes = ints(ins.attrs.get("dimensions"))
     return L.emit(_REDUCE_KINDS[op], [x], sh.dims, sh.dtype, {"axes": tuple(axes)}, loc, ins.name)
+
+
+_SCAN_KINDS = {"add": "cumsum", "multiply": "cumprod", "maximum": "cummax", "minimum": "cummin"}
+
+
+def _window(L: Lowerer, ins: HloInstruction, rank: int) -> dict[str, list]:
+    """The `window={size=.. stride=.. pad=lo_hi.. lhs_dilate=.. rhs_dilate=..}`
+    attribute, one entry per dim, with XLA's defaults for what it omits."""
+    spec = (ins.attrs.get("window") or "").strip().strip("{}")
+    win: dict[str, list] = {"size": [1] * rank, "stride": [1] * rank, "pad": [(0, 0)] * rank,
+                            "lhs_dilate": [1] * rank, "rhs_dilate": [1] * rank,
+                            "rhs_reversal": [0] * rank}
+    for part in spec.split():
+        key, _, val = part.partition("=")
+        if key not in win:
+            raise L.unknown(ins, f"reduce-window with window attribute {key!r}")
+        dims = val.split("x")
+        if len(dims) != rank:
+            raise L.err(ins, f"window {key}={val} does not give one entry per dim of rank {rank}")
+        if key == "pad":
+            win[key] = [tuple(int(x) for x in d.split("_")) for d in dims]
+            if any(len(p) != 2 for p in win[key]):
+                raise L.err(ins, f"bad window pad={val}")
+        else:
+            win[key] = [int(d) for d in dims]
+    return win
+
+
+@handler("reduce-window")
+def _reduce_window(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+                   loc: SourceLoc) -> Val:
+    """A prefix scan along one dim d of size n (jnp.cumsum, lax.cummax, ...):
+    window n along d and 1 elsewhere, stride 1, padding (n-1, 0) along d (a
+    reverse scan: (0, n-1)), no dilation, the reducer's identity as init."""
+    if ins.shape.is_tuple or len(ops) != 2:
+        raise L.unknown(ins, "variadic (tuple) reduce-window is not supported")
+    x, init = L.tid(ins, ops[0]), L.tid(ins, ops[1])
+    shape = L.shape_of(x)
+    win = _window(L, ins, len(shape))
+    moved = [d for d in range(len(shape)) if win["size"][d] != 1 or win["pad"][d] != (0, 0)]
+    d = moved[0] if len(moved) == 1 else -1
+    n = shape[d] if d >= 0 else 0
+    plain = all(v == 1 for k in ("stride", "lhs_dilate", "rhs_dilate") for v in win[k]) and \
+        not any(win["rhs_reversal"])
+    if d < 0 or not plain or win["size"][d] != n or win["pad"][d] not in ((n - 1, 0), (0, n - 1)) \
+            or L.array_shape(ins).dims != shape:
+        raise L.unknown(ins, f"reduce-window is supported only as a prefix scan along one dim "
+                             f"(window n along it, 1 elsewhere, stride 1, padding (n-1, 0) or "
+                             f"(0, n-1), no dilation); this one has window={ins.attrs.get('window')}")
+    op = L.reducer(ins, {k: k for k in _SCAN_KINDS})
+    val = L.known.get(init)
+    if val is None or np.shape(val) != () or \
+            not any(np.asarray(val).item() == o for o in _identity_value(op, L.dtype_of(init))):
+        raise L.unknown(ins, f"reduce-window ({op}) whose init is not a known constant identity "
+                             f"of {op}")
+    return L.emit(_SCAN_KINDS[op], [x], shape, L.dtype_of(x),
+                  {"axis": d, "reverse": win["pad"][d] == (0, n - 1) and n > 1}, loc, ins.name)

@@ -1,0 +1,182 @@
+"""HLO variadic argmax/argmin reduces and prefix-scan reduce-windows: JAX-written
+modules (jnp.argmax, jnp.cumsum, lax.cummax, ...) lowered to HLO text, before and
+after XLA's optimisations, translate to the IR's argmax/argmin and cumsum/...
+ops and compute, by the shared evaluator, what JAX computes (ties, both zeros,
+infinities; NaN under the noted assumption); other forms are one-line errors
+naming the instruction's line."""
+# XLA_FLAGS (8 host devices): tests/conftest.py
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from jax import lax  # noqa: E402
+
+from dlverify.errors import UnknownOpError  # noqa: E402
+from dlverify.frontends.hlo import hlo_to_graph, parse_hlo_module  # noqa: E402
+from dlverify.interpret import Interpreter  # noqa: E402
+from dlverify.ir import IdAllocator  # noqa: E402
+
+
+def hlo_text(fn, *args, stage: str) -> str:
+    low = jax.jit(fn).lower(*args)
+    return low.as_text(dialect="hlo") if stage == "pre" else low.compile().as_text()
+
+
+def lower(text: str):
+    return hlo_to_graph(parse_hlo_module(text, "t.hlo"), IdAllocator(), "g")
+
+
+def run(graph, *inputs):
+    vals = Interpreter(graph, 1).run([[x] for x in inputs])
+    return [vals[o][0] for o in graph.outputs]
+
+
+def hostile(dtype=np.float32, nan: bool = False) -> np.ndarray:
+    """[5, 8] with ties, both zeros and infinities (a NaN on request)."""
+    x = np.random.default_rng(0).standard_normal((5, 8)).astype(np.float32)
+    x[0, :5] = 1.0
+    x[1, 1:5] = [-0.0, 0.0, -0.0, 0.0]
+    x[1, 5:] = -1.0
+    x[2, 2], x[2, 5] = np.inf, -np.inf
+    x[3, :] = -np.inf
+    if nan:
+        x[4, 3] = np.nan
+    if np.issubdtype(dtype, np.integer):
+        x = np.nan_to_num(x * 4, posinf=9, neginf=-9)
+    return x.astype(dtype)
+
+
+ARG_FUNCTIONS = {
+    "argmax_rows": lambda x: jnp.argmax(x, axis=1),
+    "argmin_cols": lambda x: jnp.argmin(x, axis=0),
+    "argmax_and_max": lambda x: (jnp.argmax(x, axis=1), lax.reduce_max(x, (1,))),
+    "lax_argmin_last": lambda x: lax.argmin(x, 1, jnp.int32),
+}
+
+
+@pytest.mark.parametrize("stage", ["pre", "post"])
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+@pytest.mark.parametrize("name", sorted(ARG_FUNCTIONS))
+def test_jax_argmax_argmin_compute_what_xla_computes(name, dtype, stage):
+    fn = ARG_FUNCTIONS[name]
+    x = hostile(dtype)
+    g, info = lower(hlo_text(fn, x, stage=stage))
+    kinds = {op.kind for op in g.ops}
+    assert kinds & {"argmax", "argmin"}, kinds
+    got, want = run(g, x), jax.tree.leaves(fn(x))
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        b = np.asarray(b)
+        assert a.dtype == b.dtype and np.array_equal(a, b), (name, a, b)
+    # JAX's reducer picks NaN, and keeps either of two NaN: noted for floats only
+    assert all("two NaN" in n for n in info.assumptions)
+    if dtype == np.int32:
+        assert not info.assumptions
+
+
+def test_argmax_with_one_nan_per_row_is_the_nan_index():
+    fn = ARG_FUNCTIONS["argmax_rows"]
+    x = hostile(nan=True)
+    g, info = lower(hlo_text(fn, x, stage="pre"))
+    assert np.array_equal(run(g, x)[0], np.asarray(fn(x)))
+    assert any("two NaN" in n for n in info.assumptions)
+
+
+SCAN_FUNCTIONS = {
+    "cumsum_rows": lambda x: jnp.cumsum(x, axis=1),
+    "cumsum_cols": lambda x: jnp.cumsum(x, axis=0),
+    "cumsum_reverse": lambda x: lax.cumsum(x, axis=1, reverse=True),
+    "cummax_cols": lambda x: lax.cummax(x, axis=0),
+    "cummin_reverse": lambda x: lax.cummin(x, axis=1, reverse=True),
+    "cumprod_rows": lambda x: lax.cumprod(x, axis=1),
+}
+
+
+def scan_input(dtype) -> np.ndarray:
+    x = np.random.default_rng(1).standard_normal((6, 5)).astype(np.float32)
+    return (np.round(x * 3) if np.issubdtype(dtype, np.integer) else x).astype(dtype)
+
+
+@pytest.mark.parametrize("stage", ["pre", "post"])
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+@pytest.mark.parametrize("name", sorted(SCAN_FUNCTIONS))
+def test_jax_scans_compute_what_xla_computes(name, dtype, stage):
+    fn = SCAN_FUNCTIONS[name]
+    x = scan_input(dtype)
+    text = hlo_text(fn, x, stage=stage)
+    g, _ = lower(text)
+    if "reduce-window" in text:
+        assert {op.kind for op in g.ops} & {"cumsum", "cumprod", "cummax", "cummin"}
+    (got,), want = run(g, x), np.asarray(fn(x))
+    assert got.dtype == want.dtype
+    if dtype == np.int32:
+        assert np.array_equal(got, want)
+    else:   # the evaluator's sums run in another order than XLA's
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+SCAN_MODULE = """HloModule m
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %r = f32[] add(%a, %b)
+}
+
+ENTRY %main (x: f32[4,6]) -> f32[4,6] {
+  %x = f32[4,6] parameter(0)
+  %z = f32[] constant(INIT)
+  ROOT %w = f32[4,6] reduce-window(%x, %z), window={WINDOW}, to_apply=%add
+}
+"""
+
+
+@pytest.mark.parametrize("window, init, what", [
+    ("size=1x3 pad=0_0x2_0", "0", "prefix scan"),              # a window of 3, not the dim's 6
+    ("size=1x6 pad=0_0x5_0 stride=1x2", "0", "prefix scan"),   # strided
+    ("size=1x6 pad=0_0x3_2", "0", "prefix scan"),              # centred, not a prefix
+    ("size=2x6 pad=1_0x5_0", "0", "prefix scan"),              # two dims at once
+    ("size=1x6 pad=0_0x5_0 rhs_dilate=1x2", "0", "prefix scan"),
+    ("size=1x6 pad=0_0x5_0", "1", "identity"),                 # init 1 is not add's identity
+])
+def test_other_reduce_windows_are_unknown_ops_at_their_line(window, init, what):
+    text = SCAN_MODULE.replace("WINDOW", window).replace("INIT", init)
+    with pytest.raises(UnknownOpError) as e:
+        lower(text)
+    assert e.value.line == 12 and what in e.value.message and "\n" not in str(e.value)
+
+
+ARG_MODULE = """HloModule m
+
+%pick (a: f32[], ia: s32[], b: f32[], ib: s32[]) -> (f32[], s32[]) {
+  %a = f32[] parameter(0)
+  %ia = s32[] parameter(1)
+  %b = f32[] parameter(2)
+  %ib = s32[] parameter(3)
+  %k = pred[] compare(%a, %b), direction=CMP
+  %v = f32[] select(%k, %a, %b)
+  %i = s32[] select(%k, %ia, %ib)
+  ROOT %t = (f32[], s32[]) tuple(%v, %i)
+}
+
+ENTRY %main (x: f32[4,6]) -> s32[4] {
+  %x = f32[4,6] parameter(0)
+  %io = s32[4,6] iota(), iota_dimension=IOTA
+  %z = f32[] constant(-inf)
+  %zi = s32[] constant(0)
+  %r = (f32[4], s32[4]) reduce(%x, %io, %z, %zi), dimensions={1}, to_apply=%pick
+  ROOT %g = s32[4] get-tuple-element(%r), index=1
+}
+"""
+
+
+@pytest.mark.parametrize("cmp, iota, what", [
+    ("GE", "1", "lower index"),   # keeps a on ties whatever the indices: order-dependent
+    ("GT", "1", "lower index"),   # keeps b on ties: the last index if sequential
+    ("GT", "0", "iota along dim 1"),
+])
+def test_other_variadic_reduces_are_unknown_ops_at_their_line(cmp, iota, what):
+    text = ARG_MODULE.replace("CMP", cmp).replace("IOTA", iota)
+    with pytest.raises(UnknownOpError) as e:
+        lower(text)
+    assert e.value.line == 19 and what in e.value.message and "\n" not in str(e.value)
