@@ -53,7 +53,7 @@ from dlverify.ir import Graph
 from dlverify.memo import (SIG_COLUMNS, Derived, Memo, PadRow, canonicalise, offsets_record,
                            pad_seed_views, pad_views_back, views_back)
 from dlverify.problem import Problem
-from dlverify.structure import Repetition, Segment, SegmentPlan, find_repetitions
+from dlverify.structure import Segment, SegmentPlan, block_end, containing, find_repetitions
 
 # Small relations every segment needs whole.
 GLOBAL = frozenset({S.RANK_COUNT})
@@ -168,39 +168,6 @@ class _Side:
                 continue
             return i
         return None
-
-
-def _containing(reps: list[Repetition], p: int) -> int | None:
-    """Index of the repetition whose blocks contain position p."""
-    for k, rep in enumerate(reps):
-        if rep.start <= p < rep.stop:
-            return k
-    return None
-
-
-@dataclass(frozen=True)
-class _WindowEnd:
-    stop: int  # the distributed window is [start, stop)
-    reason: str  # why it ends there
-
-
-def _block_end(reps: list[Repetition], p: int, window: int, n: int) -> _WindowEnd:
-    """End of the distributed window starting at p, and why it ends there."""
-    k = _containing(reps, p)
-    if k is not None:
-        rep = reps[k]
-        m = max(1, round(window / rep.period))
-        blocks = min(rep.count, (p + m * rep.period - rep.start) // rep.period)
-        end = rep.start + blocks * rep.period
-        if end <= p:
-            end = min(rep.stop, rep.start + ((p - rep.start) // rep.period + 1) * rep.period)
-        first = (p - rep.start) // rep.period
-        return _WindowEnd(end, f"blocks {first}..{(end - rep.start - 1) // rep.period} of "
-                               f"{rep.count} (repetition {k})")
-    nxt = [r.start for r in reps if p < r.start <= p + window]
-    if nxt:
-        return _WindowEnd(min(nxt), "ops before repeated blocks")
-    return _WindowEnd(min(n, p + window), f"{window}-op window")
 
 
 def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: EngineName,
@@ -359,7 +326,7 @@ def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: E
             continue
         if progress is not None:  # the CLI's progress line: distributed ops reached
             progress(p, len(dist_ops))
-        end = _block_end(rep_d, p, window, len(dist_ops))
+        end = block_end(rep_d, p, window, len(dist_ops))
         d_hi, reason = end.stop, end.reason
         d_reads = {t for op in dist_ops[p:d_hi] for t in op.inputs}
         ready_d = [i for i in range(p, d_hi) if side_d.ready(i) and i not in side_d.tried]
@@ -372,7 +339,7 @@ def run_segmented(problem: Problem, tables: FactTables, main_dl: Path, engine: E
             q, why = first, "from the first ready sequential op (computed from constants)"
         if q is None:
             q, why = floor_s, "where the previous one started (no partner candidates)"
-        k = _containing(rep_d, p)
+        k = containing(rep_d, p)
         if k is not None and len(rep_s) == len(rep_d):
             # The k-th repetitions of the two programs are the same layers.
             s_len = math.ceil((d_hi - p) / rep_d[k].period) * rep_s[k].period

@@ -204,3 +204,40 @@ def find_repetitions(g: Graph) -> list[Repetition]:
 def find_repetition(g: Graph) -> Repetition | None:
     """The stretch of repeated blocks covering the most ops."""
     return max(find_repetitions(g), key=lambda r: (r.period * r.count, -r.start), default=None)
+
+
+def containing(reps: list[Repetition], p: int) -> int | None:
+    """Index of the repetition whose blocks contain position p."""
+    for k, rep in enumerate(reps):
+        if rep.start <= p < rep.stop:
+            return k
+    return None
+
+
+@dataclass(frozen=True)
+class WindowEnd:
+    """Where a distributed window of a segmented run ends (dlverify/segments.py)."""
+
+    stop: int  # the distributed window is [start, stop)
+    reason: str  # why it ends there
+
+
+def block_end(reps: list[Repetition], p: int, window: int, n: int) -> WindowEnd:
+    """End of the distributed window starting at p, and why it ends there."""
+    k = containing(reps, p)
+    if k is not None:
+        rep = reps[k]
+        m = max(1, round(window / rep.period))
+        blocks = min(rep.count, (p + m * rep.period - rep.start) // rep.period)
+        end = rep.start + blocks * rep.period
+        if end <= p:
+            end = min(rep.stop, rep.start + ((p - rep.start) // rep.period + 1) * rep.period)
+        first = (p - rep.start) // rep.period
+        return WindowEnd(end, f"blocks {first}..{(end - rep.start - 1) // rep.period} of "
+                               f"{rep.count} (repetition {k})")
+    nxt = [r.start for r in reps if p < r.start <= p + window]
+    if nxt:
+        return WindowEnd(min(nxt), "ops before repeated blocks")
+    return WindowEnd(min(n, p + window), f"{window}-op window")
+
+

@@ -25,7 +25,7 @@ modules of an XLA dump folder (`check-dump`), and a `jax.jit` with shardings
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -41,6 +41,13 @@ from dlverify.frontends.hlo.boundary import (
 )
 from dlverify.frontends.hlo.lower import HloParam, hlo_to_graph
 from dlverify.frontends.hlo.model import FLAT_AXIS, MAX_RANKS, HloModule
+from dlverify.frontends.hlo.pairing_records import (
+    Decision,
+    PairingRecord,
+    ParamPair,
+    ParamPolicy,
+    ParamRecord,
+)
 from dlverify.frontends.hlo.param_infer import (
     CutFinder,
     RankCount,
@@ -64,51 +71,6 @@ from dlverify.relations import (
     split_relation,
 )
 from dlverify.spec import ParamSpec, Spec
-
-
-@dataclass(frozen=True)
-class ParamPolicy:
-    """How a parameter without a spec entry gets its relation."""
-
-    # Fall back to the shapes when the sharding annotation gives no even block.
-    infer_from_shapes: bool = True
-    # The sharding annotation is read from a file (an assumption, listed), not
-    # given by the caller (jax.jit's in_shardings are the user's own statement).
-    sharding_is_assumption: bool = True
-
-
-@dataclass(frozen=True)
-class ParamPair:
-    """Sequential parameter `seq` and its distributed counterpart (None: the
-    distributed module dropped it as unused)."""
-
-    seq: HloParam
-    dist: HloParam | None
-    evidence: str = ""     # why these two pair, when the numbers alone did not say
-
-
-@dataclass(frozen=True)
-class ParamRecord:
-    """How sequential parameter `seq` was paired and related, for `dlverify spec`:
-    the spec entry that states it and the evidence (empty when the spec or the
-    caller stated it)."""
-
-    seq: int
-    dist: int | None
-    entry: ParamSpec | None     # None: no spec entry can state the relation
-    evidence: str = ""
-
-
-@dataclass
-class PairingRecord:
-    """What `pair_modules` decided, for `dlverify spec`: where the rank count came
-    from (empty when stated) and one ParamRecord per sequential parameter."""
-
-    rank_evidence: str = ""
-    params: list[ParamRecord] = field(default_factory=list)
-    # The candidate relations of each sequential parameter that had several (by
-    # number, labels in order), for dlverify/trial.py.
-    candidates: dict[int, list[str]] = field(default_factory=dict)
 
 
 def _shape_str(shape: tuple[int, ...], dtype: str = "") -> str:
@@ -212,32 +174,13 @@ def _pair_params(seq: Graph, sp: list[HloParam], dist: Graph, dp: list[HloParam]
     return [ParamPair(a, chosen.get(a.number), why.get(a.number, "")) for a in sp]
 
 
-@dataclass(frozen=True)
-class _Decision:
-    """How one parameter pair is related: a block relation (with `reshaped`, held
-    by the distributed parameter reshaped row-major to its declared shape), or
-    (relation None) a segmented split of `segment_dim` into `segments`, or
-    rank-0-only, or a padded split; all but a plain block relation are written
-    into the graphs as ops (frontends/hlo/boundary.py)."""
-
-    relation: BlockRelation | None
-    segment_dim: int | None = None
-    segments: tuple[int, ...] | None = None
-    rank0_only: bool = False
-    pad: str | None = None   # a padded split of `segment_dim`: "zero" or "any" (spec.PAD_FORMS)
-    reshaped: bool = False
-    evidence: str = ""     # why, when neither the spec nor the caller stated it
-    assumption: str = ""   # what Problem.assumptions lists when it is chosen (empty: stated)
-    label: str = ""        # the candidate in a few words (dlverify/trial.py's notes)
-
-
 def _split_label(rel: BlockRelation, n: int) -> str:
     d = split_dim_of(rel, n)
     return "replicated" if rel.is_replicated() else f"split along dim {d}"
 
 
 def _shape_candidates(a: HloParam, b: HloParam, n: int, finders: tuple[CutFinder, CutFinder],
-                      dist_file: str) -> list[_Decision]:
+                      dist_file: str) -> list[Decision]:
     """The relations the shapes allow, the likeliest first: the same shape is
     replicated; one dim divided by the rank count is an even split, or segments of
     it when both programs cut their blocks (param_infer.infer_segments); one dim not
@@ -251,11 +194,11 @@ def _shape_candidates(a: HloParam, b: HloParam, n: int, finders: tuple[CutFinder
         why = (f"split along dim {padded} in blocks of {b.shape[padded]} over {n} ranks, rank "
                f"order, the last padded past the end with values nothing is known of "
                f"(inferred from the shapes)")
-        return [_Decision(None, padded, pad="any", evidence=why, assumption=f"{head}: {why}",
+        return [Decision(None, padded, pad="any", evidence=why, assumption=f"{head}: {why}",
                           label=f"padded split along dim {padded}")]
     if a.shape == b.shape:
         why = "replicated (same shape in both programs)"
-        return [_Decision(replicated(a.shape, n), evidence=why, assumption=f"{head}: {why}",
+        return [Decision(replicated(a.shape, n), evidence=why, assumption=f"{head}: {why}",
                           label="replicated")]
     d = even_split_dim(a.shape, b.shape, n)
     if d is not None:
@@ -265,20 +208,20 @@ def _shape_candidates(a: HloParam, b: HloParam, n: int, finders: tuple[CutFinder
                    f"ranks, rank order: {segs.evidence}")
             # (not tried against a plain even split: both programs cut their blocks at
             # these boundaries, and a try could only move where a bug is reported)
-            return [_Decision(None, segs.dim, segs.sizes, evidence=segs.evidence,
+            return [Decision(None, segs.dim, segs.sizes, evidence=segs.evidence,
                               assumption=f"{head}: {why}",
                               label=f"segments {list(segs.sizes)} of dim {segs.dim}")]
         why = f"split evenly along dim {d} over {n} ranks, rank order (inferred from the shapes)"
-        return [_Decision(split_relation(a.shape, d, n), evidence=why,
+        return [Decision(split_relation(a.shape, d, n), evidence=why,
                           assumption=f"{head}: {why}", label=f"split along dim {d}")]
-    cands: list[_Decision] = []
+    cands: list[Decision] = []
     for rd in reshaped_split_dims(a.shape, b.shape, n):
         rel = replicated(a.shape, n) if rd is None else split_relation(a.shape, rd, n)
         what = "the whole value" if rd is None else \
             f"its block of an even split along dim {rd} over {n} ranks, rank order,"
         why = (f"{what} reshaped row-major to {_shape_str(b.shape)} (inferred from the element "
                f"counts)")
-        cands.append(_Decision(rel, reshaped=True, evidence=why, assumption=f"{head}: {why}",
+        cands.append(Decision(rel, reshaped=True, evidence=why, assumption=f"{head}: {why}",
                                label=f"{_split_label(rel, n)}, reshaped"))
     if not cands:
         raise InputError(f"parameter {a.number} ({b.name}): cannot infer its relation from the "
@@ -289,7 +232,7 @@ def _shape_candidates(a: HloParam, b: HloParam, n: int, finders: tuple[CutFinder
 
 
 def _unspecified(pair: ParamPair, n: int, policy: ParamPolicy,
-                 finders: tuple[CutFinder, CutFinder], dist_file: str) -> list[_Decision]:
+                 finders: tuple[CutFinder, CutFinder], dist_file: str) -> list[Decision]:
     """The candidate relations of a parameter the spec does not name, the likeliest
     first (one when the annotation or the shapes leave no choice)."""
     a, b = pair.seq, pair.dist
@@ -300,19 +243,19 @@ def _unspecified(pair: ParamPair, n: int, policy: ParamPolicy,
         sh = b.sharding.text if b.sharding is not None else ""
         listed = (f"parameter {a.number} ({b.name}): relation from its sharding annotation "
                   f"sharding={sh}") if policy.sharding_is_assumption else ""
-        return [_Decision(rel, evidence=f"from its sharding annotation sharding={sh}",
+        return [Decision(rel, evidence=f"from its sharding annotation sharding={sh}",
                           assumption=listed)]
     if policy.infer_from_shapes:
         return _shape_candidates(a, b, n, finders, dist_file)
     if b.sharding is None and n == 1:
-        return [_Decision(replicated(a.shape, n))]
+        return [Decision(replicated(a.shape, n))]
     sh = b.sharding.text if b.sharding is not None else "none"
     raise InputError(f"parameter {a.number} ({a.name}): the distributed parameter {b.name} "
                      f"{list(b.shape)} has sharding={sh}, which does not give each device an even "
                      f"block of the sequential {list(a.shape)}", dist_file, b.line)
 
 
-def _chosen(cands: list[_Decision], i: int) -> _Decision:
+def _chosen(cands: list[Decision], i: int) -> Decision:
     """Candidate i, its listed assumption saying which others there were."""
     dec = cands[min(i, len(cands) - 1)]
     if len(cands) == 1:
@@ -325,7 +268,7 @@ def _chosen(cands: list[_Decision], i: int) -> _Decision:
                    evidence=f"{dec.evidence}; chosen over: {others}")
 
 
-def _record(pair: ParamPair, dec: _Decision, n: int) -> ParamRecord:
+def _record(pair: ParamPair, dec: Decision, n: int) -> ParamRecord:
     """The spec entry stating `dec` (None when no entry can state it, e.g. a
     2-D tiling read from a sharding annotation)."""
     a, b = pair.seq, pair.dist
@@ -347,7 +290,7 @@ def _record(pair: ParamPair, dec: _Decision, n: int) -> ParamRecord:
     return ParamRecord(a.number, b.number if b is not None else None, entry, why)
 
 
-def _spec_decision(pair: ParamPair, ps: ParamSpec, n: int, spec_file: str) -> _Decision:
+def _spec_decision(pair: ParamPair, ps: ParamSpec, n: int, spec_file: str) -> Decision:
     """The relation the spec states."""
     a, b = pair.seq, pair.dist
     assert b is not None
@@ -359,8 +302,8 @@ def _spec_decision(pair: ParamPair, ps: ParamSpec, n: int, spec_file: str) -> _D
             raise InputError(f"{where}, but the sequential shape {_shape_str(a.shape)} differs "
                              f"from the distributed {_shape_str(b.shape)}", spec_file, ps.line)
         if ps.kind == "rank0_only":
-            return _Decision(None, rank0_only=True)
-        return _Decision(replicated(a.shape, n))
+            return Decision(None, rank0_only=True)
+        return Decision(replicated(a.shape, n))
     d = ps.dim
     assert d is not None
     if d >= len(a.shape):
@@ -380,7 +323,7 @@ def _spec_decision(pair: ParamPair, ps: ParamSpec, n: int, spec_file: str) -> _D
             raise InputError(f"{where} gives local shape {_shape_str(local)}, but the "
                              f"distributed module declares {_shape_str(b.shape)}",
                              spec_file, ps.line)
-        return _Decision(None, d, ps.segments)
+        return Decision(None, d, ps.segments)
     even = a.shape[d] % n == 0 and b.shape == split_relation(a.shape, d, n).dist_shape
     if ps.pad is not None and not even:
         # blocks of the distributed size k along d (whole heads, say), n * k >= the dim
@@ -389,7 +332,7 @@ def _spec_decision(pair: ParamPair, ps: ParamSpec, n: int, spec_file: str) -> _D
             raise InputError(f"{where}: the distributed shape {_shape_str(b.shape)} is not "
                              f"{_shape_str(a.shape)} with dim {d} cut in {n} blocks that "
                              f"cover it", spec_file, ps.line)
-        return _Decision(None, d, pad=ps.pad)
+        return Decision(None, d, pad=ps.pad)
     if a.shape[d] % n:
         raise InputError(f"{where}: dim {d} of size {a.shape[d]} does not split evenly over "
                          f"{n} ranks (a padded split: pad = \"zero\" or \"any\")", spec_file,
@@ -398,11 +341,11 @@ def _spec_decision(pair: ParamPair, ps: ParamSpec, n: int, spec_file: str) -> _D
     if rel.dist_shape != b.shape:
         raise InputError(f"{where} gives local shape {_shape_str(rel.dist_shape)}, but the "
                          f"distributed module declares {_shape_str(b.shape)}", spec_file, ps.line)
-    return _Decision(rel)
+    return Decision(rel)
 
 
 def _reshaped_decision(a: HloParam, b: HloParam, ps: ParamSpec, n: int, spec_file: str,
-                       where: str) -> _Decision:
+                       where: str) -> Decision:
     """A spec entry with `reshaped = true`: the block (or the whole value) has as many
     elements as the distributed parameter."""
     if ps.kind == "replicated":
@@ -418,11 +361,11 @@ def _reshaped_decision(a: HloParam, b: HloParam, ps: ParamSpec, n: int, spec_fil
         raise InputError(f"{where}: the block {_shape_str(rel.dist_shape)} and the distributed "
                          f"parameter {_shape_str(b.shape)} hold different numbers of elements",
                          spec_file, ps.line)
-    return _Decision(rel, reshaped=rel.dist_shape != b.shape)
+    return Decision(rel, reshaped=rel.dist_shape != b.shape)
 
 
 def _padded_inputs(seq: Graph, dist: Graph, ids: IdAllocator, a: HloParam, b: HloParam,
-                   dec: _Decision, n: int, label: str, loc: SourceLoc) -> list[BlockRelation]:
+                   dec: Decision, n: int, label: str, loc: SourceLoc) -> list[BlockRelation]:
     """A padded split written as ops (boundary.padded_split_input): the distributed
     parameter becomes rank r's block of a replicated input padded past its end; with
     padding of unknown values (pad "any"), the padding is each rank's block of a fresh
@@ -548,7 +491,7 @@ def pair_modules(seq_mod: HloModule, dist_mod: HloModule, ids: IdAllocator, *,
                          f"{len(input_names)} array arguments", seq_mod.file, seq_mod.entry.line)
     _dist_only_values(dist, ids, dist_info.params, spec, dist_mod.file)
 
-    decisions: list[_Decision] = []
+    decisions: list[Decision] = []
     finders = (CutFinder(seq), CutFinder(dist))
     dist_inputs: list[int] = []
     for pair in pairs:
@@ -557,7 +500,7 @@ def pair_modules(seq_mod: HloModule, dist_mod: HloModule, ids: IdAllocator, *,
             tid = ids()
             dist.tensors[tid] = Tensor(tid, a.shape, a.dtype, a.name)
             dist_inputs.append(tid)
-            decisions.append(_Decision(replicated(a.shape, n)))
+            decisions.append(Decision(replicated(a.shape, n)))
             continue
         dist_inputs.append(b.tensor)
         if a.dtype != b.dtype:
