@@ -2,7 +2,7 @@
 the table `HANDLERS` (opcode -> handler, see registry.py)."""
 from dlverify.frontends.hlo.ops import (batchnorm, collectives, control,  # noqa: F401 - registers
                                         custom, elementwise, movement, reduction, rng,
-                                        sorting)
+                                        scatter, sorting)
 from dlverify.frontends.hlo.ops.registry import HANDLERS, Async, Handler, Val, handler
 
 __all__ = ["HANDLERS", "Async", "Handler", "Val", "handler"]

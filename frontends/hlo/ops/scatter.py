@@ -1,0 +1,136 @@
+"""HLO scatter with an add combiner, in the forms jax.grad of a gather emits
+(jnp.take's and take_along_axis's transposes, before and after XLA rewrites
+batching dims into iota index columns): every window is one element along the
+indexed dims and whole along the others. It becomes the contraction it equals,
+as the jaxpr frontend builds it (frontends/jaxpr/scatter.py):
+
+    out = operand + transpose(onehot(indices)^T . updates)
+
+where onehot holds, for every update position s and indexed position j,
+`and_k (idx[s][k] == j_k)` (the scattered dims' iotas), and the batching dims
+(`input_batching_dims` with `scatter_indices_batching_dims`) are batch dims of
+the dot. An index out of range matches no position: its update is dropped, as
+XLA's CPU and GPU scatters drop an out-of-bounds window (its spec leaves it to
+the implementation; noted as an assumption unless the indices are known to be
+in range). Any other combiner or form (partial windows, several operands) is
+an UnknownOpError at the scatter's line."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from dlverify.frontends.hlo.attributes import ints
+from dlverify.frontends.hlo.model import HloComputation, HloInstruction
+from dlverify.frontends.hlo.ops.registry import Val, handler
+from dlverify.ir import SourceLoc
+from dlverify.ops.dtypes import is_int_dtype
+
+if TYPE_CHECKING:
+    from dlverify.frontends.hlo.lower import Lowerer
+
+
+def _index_columns(L: Lowerer, ins: HloInstruction, idx: int, ivd: int, m: int,
+                   loc: SourceLoc) -> list[int]:
+    """Component k of every index vector, shaped as the indices without dim ivd."""
+    shape, dt = L.shape_of(idx), L.dtype_of(idx)
+    if ivd == len(shape):
+        return [idx]
+    batch = shape[:ivd] + shape[ivd + 1:]
+    out = []
+    for k in range(m):
+        lo = [0] * len(shape)
+        hi = list(shape)
+        lo[ivd], hi[ivd] = k, k + 1
+        s = L.emit("slice", [idx], tuple(h - l for l, h in zip(lo, hi)), dt,
+                   {"start_indices": tuple(lo), "limit_indices": tuple(hi), "strides": None},
+                   loc, ins.name)
+        out.append(L.emit("reshape", [s], batch, dt, {}, loc, ins.name))
+    return out
+
+
+def _one_hot(L: Lowerer, ins: HloInstruction, cols: list[int], sizes: list[int],
+             loc: SourceLoc) -> int:
+    """bool[S + sizes]: and_k (cols[k][s] == j_k)."""
+    batch = L.shape_of(cols[0])
+    shape = batch + tuple(sizes)
+    hot = None
+    for k, (c, n) in enumerate(zip(cols, sizes)):
+        dt = L.dtype_of(c)
+        ids = L.emit("broadcast_in_dim", [c], shape, dt,
+                     {"broadcast_dimensions": tuple(range(len(batch)))}, loc, ins.name)
+        iota = L.emit("iota", [], (n,), dt, {"dimension": 0}, loc, ins.name)
+        pos = L.emit("broadcast_in_dim", [iota], shape, dt,
+                     {"broadcast_dimensions": (len(batch) + k,)}, loc, ins.name)
+        eq = L.emit("eq", [ids, pos], shape, "bool", {}, loc, ins.name)
+        hot = eq if hot is None else L.emit("and", [hot, eq], shape, "bool", {}, loc, ins.name)
+    return hot
+
+
+def _in_range(known: np.ndarray | None, ivd: int, K: tuple[int, ...],
+              O: tuple[int, ...]) -> bool:
+    """Known indices, every component within its operand dim."""
+    if known is None:
+        return False
+    v = np.asarray(known)
+    v = np.moveaxis(v, ivd, -1) if ivd < v.ndim else v[..., None]
+    return all(((v[..., j] >= 0) & (v[..., j] < O[k])).all() for j, k in enumerate(K))
+
+
+@handler("scatter")
+def _scatter(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
+             loc: SourceLoc) -> Val:
+    if len(ops) != 3 or ins.shape.is_tuple:
+        raise L.unknown(ins, "scatter of several operands is not supported")
+    L.reducer(ins, {"add": "add"})
+    operand, idx, upd = (L.tid(ins, v) for v in ops)
+    O, I, U = L.shape_of(operand), L.shape_of(idx), L.shape_of(upd)
+    dtype = L.dtype_of(operand)
+    windows = ints(ins.attrs.get("update_window_dims"))
+    inserted = ints(ins.attrs.get("inserted_window_dims"))
+    K = ints(ins.attrs.get("scatter_dims_to_operand_dims"))
+    b_op = ints(ins.attrs.get("input_batching_dims"))
+    b_idx = ints(ins.attrs.get("scatter_indices_batching_dims"))
+    ivd_attr = ints(ins.attrs.get("index_vector_dim"))
+    ivd = ivd_attr[0] if ivd_attr else len(I)
+    refuse = ("scatter is supported as a scatter-add of windows of one element along the "
+              "indexed dims and whole along the others (jax.grad of a gather)")
+    free = [k for k in range(len(O)) if k not in inserted and k not in b_op]
+    scatter_dims = [d for d in range(len(U)) if d not in windows]
+    idx_dims = [d for d in range(len(I)) if d != ivd]
+    m = I[ivd] if ivd < len(I) else 1
+    if not is_int_dtype(L.dtype_of(idx)) or len(K) != m or len(set(K)) != m or \
+            len(b_op) != len(b_idx) or len(free) != len(windows) or \
+            len(scatter_dims) != len(idx_dims) or L.array_shape(ins).dims != O or \
+            L.dtype_of(upd) != dtype or not set(inserted) <= set(K) or set(b_op) & set(K):
+        raise L.unknown(ins, f"{refuse}; malformed or other dimension numbers")
+    wsize = {k: U[w] for k, w in zip(free, windows)}
+    if any(wsize.get(k, 1) != 1 for k in K) or \
+            any(wsize[k] != O[k] for k in free if k not in K) or \
+            [U[d] for d in scatter_dims] != [I[d] for d in idx_dims] or \
+            any(O[a] != I[b] for a, b in zip(b_op, b_idx)):
+        raise L.unknown(ins, f"{refuse}; this one has partial windows or misaligned dims")
+    if not _in_range(L.known.get(idx), ivd, K, O):
+        L.assume(f"scatter {ins.name} ({L.file}:{ins.line}): an update whose index is out of "
+                 f"bounds is dropped (XLA's CPU and GPU behaviour; its spec leaves it to the "
+                 f"implementation)")
+    hot = _one_hot(L, ins, _index_columns(L, ins, idx, ivd, m, loc), [O[k] for k in K], loc)
+    # positions of the index batch dims S: batching ones become dot batch dims
+    pos = {d: p for p, d in enumerate(idx_dims)}
+    lhs_batch = tuple(pos[d] for d in b_idx)
+    lhs_contract = tuple(p for p in range(len(idx_dims)) if p not in lhs_batch)
+    rhs_batch = tuple(scatter_dims[p] for p in lhs_batch)
+    rhs_contract = tuple(scatter_dims[p] for p in lhs_contract)
+    labels = list(b_op) + list(K) + [free[j] for j in range(len(windows))]
+    dims = tuple(O[k] for k in b_op) + tuple(O[k] for k in K) + tuple(U[w] for w in windows)
+    rows = L.emit("dot_general", [hot, upd], dims, dtype,
+                  {"lhs_contract": lhs_contract, "rhs_contract": rhs_contract,
+                   "lhs_batch": lhs_batch, "rhs_batch": rhs_batch}, loc, ins.name)
+    drop = [i for i, k in enumerate(labels) if i >= len(b_op) + len(K) and k in K]
+    if drop:   # the one-element windows of indexed dims that are not inserted
+        labels = [k for i, k in enumerate(labels) if i not in drop]
+        rows = L.emit("reshape", [rows], tuple(O[k] for k in labels), dtype, {}, loc, ins.name)
+    perm = tuple(labels.index(k) for k in range(len(O)))
+    if perm != tuple(range(len(O))):
+        rows = L.emit("transpose", [rows], O, dtype, {"permutation": perm}, loc, ins.name)
+    return L.emit("add", [operand, rows], O, dtype, {}, loc, ins.name)

@@ -1,0 +1,122 @@
+"""HLO scatter-add in the forms jax.grad of a gather emits (jnp.take's and
+take_along_axis's transposes, point updates x.at[i, j].add(u)), before and
+after XLA's optimisations (which turn batching dims into iota index columns):
+translated to the one-hot contraction of frontends/hlo/ops/scatter.py, they
+compute, by the shared evaluator, what JAX computes, with repeated and
+out-of-range indices; other combiners and forms are one-line errors naming
+the scatter's line."""
+# XLA_FLAGS (8 host devices): tests/conftest.py
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from dlverify.errors import UnknownOpError  # noqa: E402
+from dlverify.frontends.hlo import hlo_to_graph, parse_hlo_module  # noqa: E402
+from dlverify.interpret import Interpreter  # noqa: E402
+from dlverify.ir import IdAllocator  # noqa: E402
+
+
+def hlo_text(fn, *args, stage: str) -> str:
+    low = jax.jit(fn, keep_unused=True).lower(*args)
+    return low.as_text(dialect="hlo") if stage == "pre" else low.compile().as_text()
+
+
+def lower(text: str):
+    return hlo_to_graph(parse_hlo_module(text, "t.hlo"), IdAllocator(), "g")
+
+
+def run(graph, *inputs):
+    vals = Interpreter(graph, 1).run([[x] for x in inputs])
+    return [vals[o][0] for o in graph.outputs]
+
+
+def _vjp(f):
+    """The transpose of gather f(w, i) at cotangent g: a scatter-add into zeros."""
+    return lambda w, i, g: jax.linear_transpose(lambda v: f(v, i), w)(g)[0]
+
+
+# (function of (w, i, g), shapes of w, i, g); indices repeat and leave the range
+FUNCTIONS = {
+    "take_rows": (_vjp(lambda w, i: jnp.take(w, i, axis=0)), (6, 4), (7,), (7, 4)),
+    "take_cols": (_vjp(lambda w, i: jnp.take(w, i, axis=1)), (3, 6), (5,), (3, 5)),
+    "take_along_axis": (_vjp(lambda w, i: jnp.take_along_axis(w, i, axis=1)),
+                        (5, 6), (5, 2), (5, 2)),
+    "embedding_rows": (_vjp(lambda w, i: w[i]), (6, 3), (4, 2), (4, 2, 3)),
+    "add_at_points": (lambda w, i, g: w.at[i[:, 0], i[:, 1]].add(g), (6, 6), (5, 2), (5,)),
+}
+
+
+def inputs(name):
+    _, ws, is_, gs = FUNCTIONS[name]
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal(ws).astype(np.float32)
+    i = rng.integers(0, 6, is_).astype(np.int32)
+    i.reshape(-1)[:2] = i.reshape(-1)[2]        # a repeated index accumulates
+    i.reshape(-1)[-1] = 9                        # out of range: dropped (mode fill)
+    g = rng.standard_normal(gs).astype(np.float32)
+    return w, i, g
+
+
+@pytest.mark.parametrize("stage", ["pre", "post"])
+@pytest.mark.parametrize("name", sorted(FUNCTIONS))
+def test_jax_scatter_adds_compute_what_xla_computes(name, stage):
+    fn = FUNCTIONS[name][0]
+    args = inputs(name)
+    text = hlo_text(fn, *args, stage=stage)
+    g, info = lower(text)
+    if " scatter(" in text:
+        assert any("out of bounds is dropped" in n for n in info.assumptions)
+    (got,), want = run(g, *args), np.asarray(jax.jit(fn)(*args))
+    # the evaluator contracts in float64; the declared type is XLA's
+    assert got.shape == want.shape and g.tensors[g.outputs[0]].dtype == str(want.dtype)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_the_bench_forms_are_scatters():
+    """Before optimisations every function here is one HLO scatter (the test
+    above would pass vacuously otherwise)."""
+    for name, (fn, *_rest) in FUNCTIONS.items():
+        assert " scatter(" in hlo_text(fn, *inputs(name), stage="pre"), name
+
+
+MODULE = """HloModule m
+
+%comb (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %r = f32[] BODY
+}
+
+ENTRY %main (x: f32[6,4], i: s32[3,1], u: f32[3,UW]) -> f32[6,4] {
+  %x = f32[6,4] parameter(0)
+  %i = s32[3,1] parameter(1)
+  %u = f32[3,UW] parameter(2)
+  ROOT %s = f32[6,4] scatter(%x, %i, %u), update_window_dims={1}, inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=%comb
+}
+"""
+
+
+@pytest.mark.parametrize("body, uw, what", [
+    ("multiply(%a, %b)", "4", "supported: add"),
+    ("maximum(%a, %b)", "4", "supported: add"),
+    ("add(%a, %b)", "2", "partial windows"),     # a window of 2 of the 4 columns
+])
+def test_other_scatters_are_unknown_ops_at_their_line(body, uw, what):
+    text = MODULE.replace("BODY", body).replace("UW", uw)
+    with pytest.raises(UnknownOpError) as e:
+        lower(text)
+    assert e.value.line == 13 and what in e.value.message and "\n" not in str(e.value)
+
+
+def test_scatter_add_at_known_in_range_indices_has_no_assumption():
+    text = MODULE.replace("BODY", "add(%a, %b)").replace("UW", "4").replace(
+        "%i = s32[3,1] parameter(1)", "%p = s32[3,1] parameter(1)\n  %i = s32[3,1] constant({ {0}, {5}, {0} })")
+    g, info = lower(text)
+    x = np.arange(24, dtype=np.float32).reshape(6, 4)
+    u = np.ones((3, 4), np.float32)
+    (got,) = run(g, x, np.zeros((3, 1), np.int32), u)
+    want = x.copy()
+    want[0] += 2
+    want[5] += 1
+    assert np.array_equal(got, want) and not info.assumptions
