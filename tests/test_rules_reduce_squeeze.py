@@ -6,6 +6,8 @@ position dim, the sequential side reduces batch and positions).
 Every view a tiny program derives is checked numerically (rulekit: complete views
 exactly, partial terms by summing the tiling ranks' terms); each buggy JAX twin
 must not verify, with its first failure at the `# BUG` line."""
+import shutil
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,7 +16,7 @@ from conftest import bug_line
 from jax.sharding import Mesh as JMesh, PartitionSpec as P
 from rulekit import Tiny
 
-from dlverify.api import verify_jax
+from dlverify.api import verify_jax, verify_problem
 from dlverify.reports.explain import explain
 from dlverify.schema import REDUCER_MAX, REDUCER_SUM
 from dlverify.verdict import Partial
@@ -128,6 +130,18 @@ def test_a_partial_operand_summed_whole_keeps_its_tag():
     for r in range(2):
         assert vset(out, ys, zd, r) == {((0,), Partial(REDUCER_SUM, dot, 0, 2 * r, 2 * r + 2), UNIT)}
     assert out.result.verified
+
+
+@pytest.mark.skipif(shutil.which("souffle") is None, reason="`souffle` is not on PATH")
+def test_souffle_derives_the_same_views():
+    t, ys, yd = positions_per_rank()
+    zs = t.sop("reshape", [ys], (1, 1, 4))
+    zd = t.dop("reshape", [yd], (1, 1, 4))
+    wd = t.dop("reshape", [yd], (4,))
+    _, out = completed(t, zs, zd)
+    res = verify_problem(t.problem(), engine="souffle")
+    assert res.verified and set(res.views) == set(out.result.views)
+    assert out.views(zs, zd) and out.views(ys, wd)
 
 
 # ---------------------------------------------------------------- no view
