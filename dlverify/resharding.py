@@ -45,6 +45,7 @@ from dlverify.ops import KINDS, Family, NotExecutable
 from dlverify.problem import Problem
 
 MAX_REGION = 64        # ops of one region
+MAX_CUTS = 40          # sources and ends tried around one all-to-all (16 peers' pieces)
 MAX_TAGGED = 1 << 20   # elements per rank run through the proof
 MOVES = frozenset({"reshape", "transpose", "slice", "concatenate", "all_to_all"})
 LAYOUTS = frozenset({"reshape", "transpose"})
@@ -153,7 +154,7 @@ def _upward(producer: dict[int, Op], start: Op, source: int) -> list[Op] | None:
 def _sources(producer: dict[int, Op], a2a: Op) -> list[int]:
     """Tensors above the all-to-all, through data movement, nearest first."""
     out, seen, frontier = [], set(), [a2a.inputs[0]]
-    while frontier and len(out) < MAX_REGION:
+    while frontier and len(out) < MAX_CUTS:
         t = frontier.pop(0)
         if t in seen:
             continue
@@ -168,7 +169,7 @@ def _sources(producer: dict[int, Op], a2a: Op) -> list[int]:
 def _ends(g: Graph, readers: dict[int, list[Op]], a2a: Op) -> list[Op]:
     """Data-movement ops below the all-to-all (itself included), nearest first."""
     out, seen, frontier = [a2a], {a2a.id}, [a2a.output]
-    while frontier and len(out) < MAX_REGION:
+    while frontier and len(out) < MAX_CUTS:
         t = frontier.pop(0)
         for op in readers.get(t, []):
             if op.kind in MOVES and op.id not in seen:
@@ -180,20 +181,23 @@ def _ends(g: Graph, readers: dict[int, list[Op]], a2a: Op) -> list[Op]:
 
 def _regions(g: Graph) -> list[tuple[int, list[Op]]]:
     """(source, ops in program order) of each data-movement region around an all-to-all
-    that computes its end from the source alone, largest first for each all-to-all."""
+    that computes its end from the source alone, largest first for each all-to-all:
+    the ops from the source to the all-to-all and from the all-to-all to the end."""
     producer, readers = {op.output: op for op in g.ops}, _readers(g)
     order = {op.id: i for i, op in enumerate(g.ops)}
     out = []
     for a2a in g.ops:
         if a2a.kind != "all_to_all" or "groups" not in a2a.params:
             continue
+        above = [(x, ops) for x in _sources(producer, a2a)
+                 if (ops := _upward(producer, a2a, x)) is not None]
+        below = [(e, ops) for e in _ends(g, readers, a2a)
+                 if (ops := _upward(producer, e, a2a.output) if e is not a2a else []) is not None]
         found = []
-        for end in _ends(g, readers, a2a):
-            for x in _sources(producer, a2a):
-                ops = _upward(producer, end, x)
-                if ops is not None and a2a in ops or (end is a2a and ops is not None):
-                    region = sorted({op.id: op for op in [*ops, end]}.values(), key=lambda o: order[o.id])
-                    found.append((x, region))
+        for x, up in above:
+            for e, down in below:
+                region = {op.id: op for op in [*up, a2a, *down, e]}
+                found.append((x, sorted(region.values(), key=lambda o: order[o.id])))
         found.sort(key=lambda xr: -len(xr[1]))
         out.extend(found)
     return out
