@@ -5,7 +5,7 @@ that finish the resharding are moved below them; the region's end may merge
 dims (an all-gather, a slice, then a reshape).
 
 Each rewrite keeps the value (the graph runs the same before and after, on
-random data); the examples' all-to-all reshardings and Ulysses attention,
+random data; 4 and 8 peers); the examples' all-to-all reshardings and Ulysses attention,
 compiled by XLA, verify from their HLO, and the twins do not, located at their
 `# BUG` line."""
 import copy
@@ -22,48 +22,50 @@ from dlverify.resharding import hoist_layouts, rewrite_reshardings
 GROUPS = [[0, 1, 2, 3]]
 
 
-def _tuple_exchange_then_tanh():
-    """Rows (4, 64) -> columns (16, 16) as XLA compiles it: four column slices, each
-    given a leading dim, concatenated, exchanged, split again, concatenated along the
-    columns, tanh(2x + 1), then reshape, transpose, reshape."""
+def _tuple_exchange_then_tanh(n=4):
+    """Rows (4, 16 n) -> columns (4 n, 16) over n ranks as XLA compiles it: n column
+    slices, each given a leading dim, concatenated, exchanged, split again,
+    concatenated along the columns, tanh(2x + 1), then reshape, transpose, reshape."""
     ids = IdAllocator()
     g = Graph("dist")
     b = GraphBuilder(g, ids)
-    x = b.tensor((4, 64), "float32", "x")
+    x = b.tensor((4, 16 * n), "float32", "x")
     g.inputs = [x]
     pieces = [b.op("reshape", [b.op("slice", [x], (4, 16), "float32",
                                     {"start_indices": (0, 16 * j), "limit_indices": (4, 16 * j + 16),
-                                     "strides": None})], (1, 4, 16), "float32") for j in range(4)]
-    cat = b.op("concatenate", pieces, (4, 4, 16), "float32", {"dimension": 0})
-    a2a = b.op("all_to_all", [cat], (4, 4, 16), "float32",
-               {"split_dimension": 0, "concat_dimension": 0, "groups": GROUPS})
+                                     "strides": None})], (1, 4, 16), "float32") for j in range(n)]
+    cat = b.op("concatenate", pieces, (n, 4, 16), "float32", {"dimension": 0})
+    a2a = b.op("all_to_all", [cat], (n, 4, 16), "float32",
+               {"split_dimension": 0, "concat_dimension": 0, "groups": [list(range(n))]})
     got = [b.op("slice", [a2a], (1, 4, 16), "float32",
                 {"start_indices": (j, 0, 0), "limit_indices": (j + 1, 4, 16), "strides": None})
-           for j in range(4)]
-    row = b.op("concatenate", got, (1, 4, 64), "float32", {"dimension": 2})
-    two = b.op("broadcast_in_dim", [b.constant(np.float32(2), (), "float32")], (1, 4, 64), "float32",
+           for j in range(n)]
+    shape = (1, 4, 16 * n)
+    row = b.op("concatenate", got, shape, "float32", {"dimension": 2})
+    two = b.op("broadcast_in_dim", [b.constant(np.float32(2), (), "float32")], shape, "float32",
                {"broadcast_dimensions": ()})
-    one = b.op("broadcast_in_dim", [b.constant(np.float32(1), (), "float32")], (1, 4, 64), "float32",
+    one = b.op("broadcast_in_dim", [b.constant(np.float32(1), (), "float32")], shape, "float32",
                {"broadcast_dimensions": ()})
-    y = b.op("add", [b.op("mul", [b.op("tanh", [row], (1, 4, 64), "float32"), two], (1, 4, 64),
-                          "float32"), one], (1, 4, 64), "float32")
-    r = b.op("reshape", [y], (4, 4, 16), "float32")
-    t = b.op("transpose", [r], (4, 4, 16), "float32", {"permutation": (1, 0, 2)})
-    g.outputs = [b.op("reshape", [t], (16, 16), "float32")]
-    return Problem(Graph("seq"), g, Mesh((FLAT_AXIS,), (4,)), [], [None], ids)
+    y = b.op("add", [b.op("mul", [b.op("tanh", [row], shape, "float32"), two], shape, "float32"), one],
+             shape, "float32")
+    r = b.op("reshape", [y], (4, n, 16), "float32")
+    t = b.op("transpose", [r], (n, 4, 16), "float32", {"permutation": (1, 0, 2)})
+    g.outputs = [b.op("reshape", [t], (4 * n, 16), "float32")]
+    return Problem(Graph("seq"), g, Mesh((FLAT_AXIS,), (n,)), [], [None], ids)
 
 
 def _outputs(g, xs):
-    return Interpreter(g, 4, lambda r, a: r).run([xs])[g.outputs[0]]
+    return Interpreter(g, len(xs), lambda r, a: r).run([xs])[g.outputs[0]]
 
 
-def test_tuple_exchange_with_elementwise_ops_becomes_a_gather_and_a_slice():
-    p = _tuple_exchange_then_tanh()
+@pytest.mark.parametrize("n", [4, 8])
+def test_tuple_exchange_with_elementwise_ops_becomes_a_gather_and_a_slice(n):
+    p = _tuple_exchange_then_tanh(n)
     before = copy.deepcopy(p.dist)
     assert rewrite_reshardings(p)
     kinds = [op.kind for op in p.dist.ops]
     assert "all_gather" in kinds and kinds.index("all_gather") < kinds.index("tanh")
-    xs = [np.random.default_rng(r).standard_normal((4, 64)).astype(np.float32) for r in range(4)]
+    xs = [np.random.default_rng(r).standard_normal((4, 16 * n)).astype(np.float32) for r in range(n)]
     for got, want in zip(_outputs(p.dist, xs), _outputs(before, xs)):
         np.testing.assert_allclose(got, want, rtol=0, atol=0)
 
