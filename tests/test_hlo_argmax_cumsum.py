@@ -18,7 +18,7 @@ from dlverify.ir import IdAllocator  # noqa: E402
 
 
 def hlo_text(fn, *args, stage: str) -> str:
-    low = jax.jit(fn).lower(*args)
+    low = jax.jit(fn, keep_unused=True).lower(*args)
     return low.as_text(dialect="hlo") if stage == "pre" else low.compile().as_text()
 
 
@@ -146,37 +146,61 @@ def test_other_reduce_windows_are_unknown_ops_at_their_line(window, init, what):
     assert e.value.line == 12 and what in e.value.message and "\n" not in str(e.value)
 
 
-ARG_MODULE = """HloModule m
+JAX_ARGMAX = """HloModule m
 
 %pick (a: f32[], ia: s32[], b: f32[], ib: s32[]) -> (f32[], s32[]) {
   %a = f32[] parameter(0)
   %ia = s32[] parameter(1)
   %b = f32[] parameter(2)
   %ib = s32[] parameter(3)
-  %k = pred[] compare(%a, %b), direction=CMP
-  %v = f32[] select(%k, %a, %b)
+  %gt = pred[] compare(%a, %b), direction=GT
+  %nan = pred[] compare(%a, %a), direction=NE
+  %k1 = pred[] or(%gt, %nan)
+  %v = f32[] select(%k1, %a, %b)
+  %eq = pred[] compare(%a, %b), direction=EQ
+  %lt = pred[] compare(%ia, %ib), direction=LT
+  %tie = pred[] and(%eq, %lt)
+  %k = pred[] or(%k1, %tie)
   %i = s32[] select(%k, %ia, %ib)
   ROOT %t = (f32[], s32[]) tuple(%v, %i)
 }
 
-ENTRY %main (x: f32[4,6]) -> s32[4] {
+ENTRY %main (x: f32[4,6]) -> (f32[4], s32[4]) {
   %x = f32[4,6] parameter(0)
-  %io = s32[4,6] iota(), iota_dimension=IOTA
+  %io = s32[6] iota(), iota_dimension=0
+  %iob = s32[4,6] broadcast(%io), dimensions={1}
   %z = f32[] constant(-inf)
   %zi = s32[] constant(0)
-  %r = (f32[4], s32[4]) reduce(%x, %io, %z, %zi), dimensions={1}, to_apply=%pick
-  ROOT %g = s32[4] get-tuple-element(%r), index=1
+  %r = (f32[4], s32[4]) reduce(%x, %iob, %z, %zi), dimensions={1}, to_apply=%pick
+  %m = f32[4] get-tuple-element(%r), index=0
+  %g = s32[4] get-tuple-element(%r), index=1
+  ROOT %o = (f32[4], s32[4]) tuple(%m, %g)
 }
 """
 
 
-@pytest.mark.parametrize("cmp, iota, what", [
-    ("GE", "1", "lower index"),   # keeps a on ties whatever the indices: order-dependent
-    ("GT", "1", "lower index"),   # keeps b on ties: the last index if sequential
-    ("GT", "0", "iota along dim 1"),
+def test_argmax_whose_values_are_read_also_gives_reduce_max():
+    """JAX's argmax reducer (as in its lowering), both results read."""
+    g, info = lower(JAX_ARGMAX)
+    assert {"argmax", "reduce_max"} <= {op.kind for op in g.ops}
+    x = hostile()[:4, :6]
+    vals, idx = run(g, x)
+    assert np.array_equal(vals, x.max(axis=1)) and np.array_equal(idx, x.argmax(axis=1))
+    assert [n for n in info.assumptions if "two NaN" in n]
+
+
+@pytest.mark.parametrize("old, new, what", [
+    # keeps a on ties whatever the indices: order-dependent
+    ("%gt = pred[] compare(%a, %b), direction=GT", "%gt = pred[] compare(%a, %b), direction=GE",
+     "lower index"),
+    # keeps b on ties: the last index if run in order
+    ("%k = pred[] or(%k1, %tie)", "%k = pred[] or(%k1, %k1)", "lower index"),
+    ("%iob = s32[4,6] broadcast(%io), dimensions={1}", "%iob = s32[4,6] iota(), iota_dimension=0",
+     "iota along dim 1"),
+    ("%zi = s32[] constant(0)", "%zi = s32[] constant(2)", "not (the identity, 0)"),
 ])
-def test_other_variadic_reduces_are_unknown_ops_at_their_line(cmp, iota, what):
-    text = ARG_MODULE.replace("CMP", cmp).replace("IOTA", iota)
+def test_other_variadic_reduces_are_unknown_ops_at_their_line(old, new, what):
+    assert old in JAX_ARGMAX
     with pytest.raises(UnknownOpError) as e:
-        lower(text)
-    assert e.value.line == 19 and what in e.value.message and "\n" not in str(e.value)
+        lower(JAX_ARGMAX.replace(old, new))
+    assert e.value.line == 26 and what in e.value.message and "\n" not in str(e.value)

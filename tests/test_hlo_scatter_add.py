@@ -11,24 +11,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from test_hlo_argmax_cumsum import hlo_text, lower, run  # noqa: E402
+
 from dlverify.errors import UnknownOpError  # noqa: E402
-from dlverify.frontends.hlo import hlo_to_graph, parse_hlo_module  # noqa: E402
-from dlverify.interpret import Interpreter  # noqa: E402
-from dlverify.ir import IdAllocator  # noqa: E402
-
-
-def hlo_text(fn, *args, stage: str) -> str:
-    low = jax.jit(fn, keep_unused=True).lower(*args)
-    return low.as_text(dialect="hlo") if stage == "pre" else low.compile().as_text()
-
-
-def lower(text: str):
-    return hlo_to_graph(parse_hlo_module(text, "t.hlo"), IdAllocator(), "g")
-
-
-def run(graph, *inputs):
-    vals = Interpreter(graph, 1).run([[x] for x in inputs])
-    return [vals[o][0] for o in graph.outputs]
 
 
 def _vjp(f):

@@ -102,6 +102,13 @@ def _classify(L: Lowerer, ins: HloInstruction, comp: HloComputation, vdt: str,
     return None
 
 
+def _values_used(ins: HloInstruction, comp: HloComputation) -> bool:
+    """Whether anything in `comp` reads `ins` other than as its index result."""
+    return any(ins.name in user.operands and not (
+        user.opcode == "get-tuple-element" and ints(user.attrs.get("index")) == (1,))
+        for user in comp.instructions) or comp.root is ins
+
+
 def arg_reduce(L: Lowerer, ins: HloInstruction, ops: list, comp: HloComputation,
                loc: SourceLoc, identities) -> tuple:
     """The (values, indices) results of an argmax/argmin variadic reduce."""
@@ -140,7 +147,9 @@ def arg_reduce(L: Lowerer, ins: HloInstruction, ops: list, comp: HloComputation,
     if res[0].dims != res[1].dims or res[0].dtype != vdt or res[1].dtype != idt:
         raise L.err(ins, f"{kind} of {vdt}{list(shape)} declares the result {ins.shape}")
     params = {"axes": (axis,)}
+    index = L.emit(kind, [x], res[1].dims, idt, params, loc, ins.name)
+    if not _values_used(ins, comp):   # only the indices are read (jnp.argmax)
+        return None, index
     values = L.emit("reduce_max" if kind == "argmax" else "reduce_min", [x], res[0].dims, vdt,
                     params, loc, ins.name)
-    index = L.emit(kind, [x], res[1].dims, idt, params, loc, ins.name)
     return values, index
