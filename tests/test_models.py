@@ -102,10 +102,13 @@ VARIANTS = [
     # (at TP=8 with kv_heads=4 the same gap: one representative is enough)
     ("llama3_kv_heads_replicated_tp4_train",
      _variant(LLAMA3, 4, False, True, heads=8, kv_heads=2),
-     "the gradient of w_qkv with replicated KV heads: dynamic_update_slices into zeros whose "
-     "update is smaller in two dims (KV group and query heads), the K/V part a partial sum "
-     "over the rank's query heads, added before the psum: update.dl handles one dim and "
-     "complete updates"),
+     "replicated KV heads in training: each rank's K and V gradients are partial sums over its "
+     "query heads (one family per reduction: the dk and dv dots), concatenated before the "
+     "dh and w_qkv contractions, which are partial over the rank's (group, head) block in "
+     "turn; no family relates a concatenation of partials of different reductions to the "
+     "sequential concatenation of dq, dk, dv, nor a contraction of a partial operand over a "
+     "partially held dim (a product of two families). The w_o gradient (the rank's cells "
+     "of (group, head) in zeros, update.dl's two-dim cells) relates"),
     ("gpt2_one_head_per_rank_tp8_forward",
      _variant(GPT2, 8, False, False, heads=8), None),
     ("gpt2_one_head_per_rank_tp8_train",
