@@ -14,7 +14,9 @@ is about the same functions:
 * layout identities: a reshape to the operand's shape, a broadcast_in_dim
   that maps every dim to itself, a transpose by the identity permutation are
   their operand; a reshape of a reshape is one reshape (both are row-major
-  re-indexings of the same elements); an iota of rank > 1 is the broadcast of
+  re-indexings of the same elements), and so is a transpose that only moves
+  the size-1 dims a reshape inserted (XLA's unrolled scan transposes a
+  micro-batch's [1, m, n] to [m, 1, n]); an iota of rank > 1 is the broadcast of
   a 1-D iota (never the other way round: a program that adds a rank offset to
   its 1-D positions before broadcasting them keeps that form);
 * reciprocals: `x * (1 / y)` is `x / y` (also through a broadcast_in_dim of
@@ -142,6 +144,17 @@ class _Simplifier(_FormRules, _SinkRules):
                 return True
         if perm == tuple(range(len(self.shape(x)))):
             return self.fold(op, x)
+        # A transpose moving only the size-1 dims that a reshape inserted (into an
+        # operand without any) inserts them where it puts them: one reshape. Not of
+        # any operand: a dot's own size-1 dims stay in it (unit_dims_into_dot), in
+        # the order dot_layout transposes them to.
+        moved = [d for d in perm if self.shape(x)[d] != 1]
+        src = self.producer.get(x)
+        if src is not None and src.kind == "reshape" and moved == sorted(moved) \
+                and [n for n in self.shape(x) if n != 1] == list(self.shape(src.inputs[0])):
+            self.new_op("reshape", [src.inputs[0]], self.shape(op.output),
+                        self.g.tensors[x].dtype, {}, op, output=op.output)
+            return True
         return False
 
     def iota_1d(self, op: Op) -> bool:
@@ -494,7 +507,8 @@ class _Simplifier(_FormRules, _SinkRules):
                     or self.unit_dims_into_broadcast(op) or self.swapped_dot(op)
                     or self.transpose_into_all_reduce(op) or self.all_reduce_of_concatenate(op)
                     or self.reshape_out_of_all_gather(op)
-                    or self.transpose_out_of_all_gather(op) or self.slice_of_reshape(op)
+                    or self.transpose_out_of_all_gather(op) or self.literal_dynamic_slice(op)
+                    or self.slice_of_reshape(op)
                     or self.concatenate_of_reshapes(op)
                     or self.free_merge_under_transpose(op)
                     or self.sink_dot_reshape(op) or self.split_contraction(op)

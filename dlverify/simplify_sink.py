@@ -17,8 +17,11 @@ under a transpose, a gather, a slice or a concatenation moves past it:
   reshape(all_gather(y)) along the group's leading dim of y, and
   all_gather(transpose(x)) is transpose(all_gather(x)) along the dim the
   transpose moves there;
-* slices and concatenations: a slice of a reshape that cuts only dims the
-  reshape keeps (each regrouped run whole) is the reshape of the slice, and a
+* slices and concatenations: a dynamic_slice at literal starts (sums of
+  literals: an unrolled loop's index) is a slice; a slice of a reshape that
+  cuts only dims the reshape keeps (each regrouped run whole), or a run's
+  leading dim at whole rows of the operand's run (micro-batch i of [2, 4, n]
+  split from [8, n]), is the reshape of a slice, and a
   concatenation of reshapes along a dim each keeps, their operands alike
   elsewhere, is the reshape of the concatenation.
 
@@ -31,11 +34,20 @@ other.
 """
 from __future__ import annotations
 
+import math
+import operator
 from typing import NamedTuple
 
+import numpy as np
+
 from dlverify.ir import Op
+from dlverify.ops.dtypes import exact_dtype
 from dlverify.rewrites import _Rewriter
 from dlverify.simplify_forms import _reshape_groups
+
+# integer scalar ops an index computation folds (in its dtype, wrapping as XLA does)
+_INDEX_ARITH = {"add": operator.add, "sub": operator.sub, "mul": operator.mul}
+_INDEX_DEPTH = 256     # ops followed up from a start: an unrolled loop of that many steps
 
 
 class _Reshape(NamedTuple):
@@ -154,10 +166,56 @@ class _SinkRules(_Rewriter):
                     output=op.output)
         return True
 
+    def _literal_index(self, t: int, depth: int, memo: dict[int, int | None]) -> int | None:
+        """The value of a rank-0 integer t that is a literal, or the sum, difference
+        or product of such (an unrolled loop's induction variable i + 1 + 1, up to
+        `depth` ops deep), computed in t's dtype as the program computes it; else
+        None. `memo` holds the values found, so a shared operand is read once."""
+        if t in memo:
+            return memo[t]
+        memo[t] = self._index_of(t, depth, memo)
+        return memo[t]
+
+    def _index_of(self, t: int, depth: int, memo: dict[int, int | None]) -> int | None:
+        op = self.producer.get(t)
+        dtype = exact_dtype(self.g.tensors[t].dtype)
+        if op is None or self.shape(t) != () or depth < 0 or dtype is None or dtype == bool:
+            return None
+        if op.kind == "constant":
+            v = op.params.get("value")
+            return None if v is None else int(v)
+        if op.kind not in _INDEX_ARITH or len(op.inputs) != 2:
+            return None
+        a, b = (self._literal_index(x, depth - 1, memo) for x in op.inputs)
+        if a is None or b is None:
+            return None
+        with np.errstate(over="ignore"):
+            return int(_INDEX_ARITH[op.kind](dtype.type(a), dtype.type(b)))
+
+    def literal_dynamic_slice(self, op: Op) -> bool:
+        """A dynamic_slice whose starts are all literals is the slice at those starts,
+        each clamped to [0, dim - size] as HLO's dynamic-slice clamps it (a scan
+        unrolled by XLA reads its micro-batch i at the literal i)."""
+        if op.kind != "dynamic_slice":
+            return False
+        memo: dict[int, int | None] = {}
+        starts = [self._literal_index(t, _INDEX_DEPTH, memo) for t in op.inputs[1:]]
+        if any(v is None for v in starts):
+            return False
+        src, sizes = self.shape(op.inputs[0]), op.params["slice_sizes"]
+        lo = tuple(min(max(int(v), 0), n - k) for v, n, k in zip(starts, src, sizes))
+        q = {"start_indices": lo, "limit_indices": tuple(a + k for a, k in zip(lo, sizes)),
+             "strides": None}
+        self.new_op("slice", [op.inputs[0]], self.shape(op.output),
+                    self.g.tensors[op.output].dtype, q, op, output=op.output)
+        return True
+
     def slice_of_reshape(self, op: Op) -> bool:
         """A slice of a reshape that keeps each regrouped run whole (it cuts only dims
-        the reshape keeps as they are) is the reshape of the same slice of the
-        operand: reshapes sink toward the outputs past slices too."""
+        the reshape keeps as they are), or cuts a run's leading dim only at bounds
+        that are whole rows of the operand's run (stride 1), is the reshape of a
+        slice of the operand: reshapes sink toward the outputs past slices too
+        (XLA splits [8, n] into [2, 4, n] and slices micro-batch i)."""
         found = self._reshaped(op.inputs[0]) if op.kind == "slice" else None
         if found is None:
             return False
@@ -166,12 +224,22 @@ class _SinkRules(_Rewriter):
         strides = p.get("strides") or (1,) * len(mid)
         lo, hi, st = [0] * len(src), list(src), [1] * len(src)
         for gs, gt in groups:
+            cuts = [j for j in gt if (p["start_indices"][j], p["limit_indices"][j], strides[j])
+                   != (0, mid[j], 1)]
             if [src[d] for d in gs] == [mid[d] for d in gt]:
                 for i, j in zip(gs, gt):
                     lo[i], hi[i], st[i] = p["start_indices"][j], p["limit_indices"][j], strides[j]
-            elif any((p["start_indices"][j], p["limit_indices"][j], strides[j]) != (0, mid[j], 1)
-                     for j in gt):
-                return False
+            elif cuts:
+                # a row-major run: rows [a, b) of its leading dim are elements
+                # [a * inner, b * inner), rows of the operand's leading dim when
+                # both are multiples of the operand's inner size
+                inner = math.prod(mid[j] for j in gt[1:])
+                inner_src = math.prod(src[d] for d in gs[1:])
+                a, b = p["start_indices"][gt[0]] * inner, p["limit_indices"][gt[0]] * inner
+                if cuts != [gt[0]] or strides[gt[0]] != 1 or not gs \
+                        or a % inner_src or b % inner_src:
+                    return False
+                lo[gs[0]], hi[gs[0]] = a // inner_src, b // inner_src
         dtype = self.g.tensors[op.output].dtype
         shape = tuple(len(range(a, b, s)) for a, b, s in zip(lo, hi, st))
         q = {"start_indices": tuple(lo), "limit_indices": tuple(hi), "strides": tuple(st)}

@@ -682,13 +682,107 @@ def test_a_concatenation_of_reshapes_along_a_kept_dim_is_the_reshape_of_the_conc
     assert g.ops[0].inputs == g.inputs
 
 
+@pytest.mark.parametrize("src, mid, start, limit, cut", [
+    ((8, 8), (2, 4, 8), (1, 0, 0), (2, 4, 8), ((4, 0), (8, 8))),    # micro-batch 1 of [2, 4]
+    ((4, 3, 5), (12, 5), (0, 0), (6, 5), ((0, 0, 0), (2, 3, 5))),  # rows 0:6 of [4*3]: 2 whole
+])
+def test_a_slice_of_whole_rows_of_a_regrouped_run_is_the_reshape_of_a_slice(src, mid, start,
+                                                                             limit, cut):
+    # XLA splits a rank's rows [8, n] into micro-batches [2, 4, n] and slices one
+    def build(b, y):
+        m = b.op("reshape", [y], mid, "float32")
+        return b.op("slice", [m], tuple(h - l for l, h in zip(start, limit)), "float32",
+                    {"start_indices": start, "limit_indices": limit, "strides": None})
+    g = _check(build, [src], set())
+    assert [op.kind for op in g.ops] == ["slice", "reshape"]
+    sl = g.ops[0].params
+    assert (sl["start_indices"], sl["limit_indices"]) == cut
+
+
+def test_a_strided_slice_of_a_regrouped_run_stays():
+    def build(b, y):
+        m = b.op("reshape", [y], (4, 2, 8), "float32")
+        return b.op("slice", [m], (2, 2, 8), "float32",
+                    {"start_indices": (0, 0, 0), "limit_indices": (4, 2, 8), "strides": (2, 1, 1)})
+    g, ids = _graph(build, [(8, 8)])
+    assert not simplify_graph(g, ids)
+
+
+def _index(b, value):
+    return b.constant(np.int32(value), (), "int32")
+
+
+@pytest.mark.parametrize("start, at", [(1, 1), (2, 2), (7, 4), (-3, 0)])   # clamped as HLO clamps
+def test_a_dynamic_slice_at_literal_starts_is_a_slice(start, at):
+    # an unrolled scan: micro-batch i read at i = 0 + 1 + ... (start - 1 added to 1)
+    def build(b, y):
+        one = _index(b, 1)
+        i = b.op("add", [_index(b, start - 1), one], (), "int32")
+        zero = _index(b, 0)
+        return b.op("dynamic_slice", [y, i, zero], (4, 3), "float32", {"slice_sizes": (4, 3)})
+    g = _check(build, [(8, 3)], {"dynamic_slice"})
+    (sl,) = [op for op in g.ops if op.kind == "slice"]
+    assert sl.params["start_indices"] == (at, 0) and sl.params["limit_indices"] == (at + 4, 3)
+
+
+def test_a_dynamic_slice_at_a_computed_start_stays():
+    ids = IdAllocator()
+    g = Graph("g")
+    b = GraphBuilder(g, ids)
+    y = b.tensor((8, 3), "float32", "y")
+    i = b.tensor((), "int32", "i")
+    g.inputs = [y, i]
+    j = b.op("add", [i, _index(b, 1)], (), "int32")     # i + 1: not a literal
+    g.outputs = [b.op("dynamic_slice", [y, j, _index(b, 0)], (4, 3), "float32",
+                      {"slice_sizes": (4, 3)})]
+    assert not simplify_graph(g, ids)
+
+
+def test_a_transpose_of_a_reshape_moving_size_1_dims_only_is_one_reshape():
+    # a micro-batch's [1, 4, 4] gradient (a reshape of [4, 4]) transposed to [4, 1, 4]
+    def build(b, y):
+        r = b.op("reshape", [y], (1, 4, 4), "float32")
+        return b.op("transpose", [r], (4, 1, 4), "float32", {"permutation": (1, 0, 2)})
+    g = _check(build, [(4, 4)], {"transpose"})
+    assert [op.kind for op in g.ops] == ["reshape"] and g.ops[0].inputs == g.inputs
+
+
+@pytest.mark.parametrize("case", ["swaps_sized_dims", "of_no_reshape", "of_a_deletion"])
+def test_other_transposes_of_size_1_dims_stay(case):
+    def build(b, y):
+        if case == "of_no_reshape":     # a dot's size-1 dims are transposed (dot_layout)
+            return b.op("transpose", [y], (4, 1, 4), "float32", {"permutation": (1, 0, 2)})
+        if case == "of_a_deletion":     # the operand's own size-1 dims: unit_dims_into_dot's
+            r = b.op("reshape", [y], (1, 4, 4), "float32")
+            return b.op("transpose", [r], (4, 1, 4), "float32", {"permutation": (1, 0, 2)})
+        r = b.op("reshape", [y], (1, 4, 3), "float32")
+        return b.op("transpose", [r], (3, 1, 4), "float32", {"permutation": (2, 0, 1)})
+    in_shape = {"of_no_reshape": (1, 4, 4), "of_a_deletion": (1, 4, 1, 4)}.get(case, (4, 3))
+    g, ids = _graph(build, [in_shape])
+    assert not simplify_graph(g, ids)
+
+
+def test_a_dot_of_a_micro_batch_with_its_size_1_dim_deleted_reaches_its_normal_form():
+    # a micro-batch's [1, 8, 4] gradient with its size-1 dim deleted into a dot: the dim
+    # stays in the dot (unit_dims_into_dot), transposed into the rhs order (dot_layout);
+    # that transpose of no reshape is no reshape, else sink_dot_reshape would delete the
+    # dim again: a second normal form changes nothing (no rule undoes another)
+    def build(b, x, gr):
+        xt = b.op("transpose", [x], (8, 8), "float32", {"permutation": (1, 0)})
+        return _dot(b, xt, b.op("reshape", [gr], (8, 4), "float32"), (8, 4), (1,), (0,))
+    _check(build, [(8, 8), (1, 8, 4)], set())
+    g, ids = _graph(build, [(8, 8), (1, 8, 4)])
+    assert simplify_graph(g, ids)
+    assert not simplify_graph(g, ids)
+
+
 @pytest.mark.parametrize("case", ["slice_cuts_a_merged_run", "concat_of_unlike_runs"])
 def test_slices_and_concatenations_across_regrouped_runs_stay(case):
     def build(b, u, v):
         mu = b.op("reshape", [u], (12, 5), "float32")
-        if case == "slice_cuts_a_merged_run":     # rows 0:6 of [4*3]: a reshape of no slice
+        if case == "slice_cuts_a_merged_run":     # rows 1:7 of [4*3]: a reshape of no slice
             return b.op("slice", [mu], (6, 5), "float32",
-                        {"start_indices": (0, 0), "limit_indices": (6, 5), "strides": (1, 1)})
+                        {"start_indices": (1, 0), "limit_indices": (7, 5), "strides": (1, 1)})
         mv = b.op("reshape", [v], (12, 2), "float32")   # [2, 6] rows vs [4, 3] rows
         return b.op("concatenate", [mu, mv], (12, 7), "float32", {"dimension": 1})
     g, ids = _graph(build, [(4, 3, 5), (2, 6, 2)])
