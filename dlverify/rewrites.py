@@ -242,5 +242,5 @@ def rewrite(problem: Problem) -> None:
     rewrite_graph(problem.seq, problem.ids)
     rewrite_graph(problem.dist, problem.ids)
     if problem.normal_form:   # last: the rewrites above match the programs' own structure
-        simplify_graph(problem.seq, problem.ids, problem.assumptions)
-        simplify_graph(problem.dist, problem.ids, problem.assumptions)
+        simplify_graph(problem.seq, problem.ids, problem.assumptions, problem.notes)
+        simplify_graph(problem.dist, problem.ids, problem.assumptions, problem.notes)

@@ -524,10 +524,13 @@ class _Simplifier(_FormRules, _SinkRules):
         return changed
 
 
-def simplify_graph(graph: Graph, ids: IdAllocator, assumptions: list[str] | None = None) -> bool:
+def simplify_graph(graph: Graph, ids: IdAllocator, assumptions: list[str] | None = None,
+                   notes: list[str] | None = None) -> bool:
     """Bring `graph` to the normal form (see the module docstring); returns
     whether anything changed. `assumptions`: where a rule that rounds a literal
-    (simplify_forms.literal_product) lists it."""
+    (simplify_forms.literal_product) lists it; `notes`: where a normal form still
+    changing after the last pass is reported (a rewrite cycle would otherwise
+    pass unseen, its failures blamed on the program)."""
     unused = _unused(graph)
     changed = False
     alias: dict[int, int] = {}      # every pass's: tensor -> the tensor now holding its value
@@ -539,6 +542,11 @@ def simplify_graph(graph: Graph, ids: IdAllocator, assumptions: list[str] | None
             break
         alias.update(simplifier.alias)
         changed = True
+    else:
+        if notes is not None:
+            notes.append(f"the {graph.name} program's normal form (dlverify/simplify.py) was still "
+                         f"changing after {_PASSES} passes: a failure may come from that, not from "
+                         f"the program")
     if changed:
         _drop_newly_dead(graph, unused)
         _retarget_folded(graph, alias)

@@ -874,3 +874,26 @@ def test_a_reshape_mixing_the_two_groups_keeps_the_transpose():
         return b.op("transpose", [r], (3, 4), "float32", {"permutation": (1, 0)})
     g = _check(build, [(2, 2, 5), (5, 3)], set())
     assert "transpose" in [op.kind for op in g.ops]
+
+
+def test_a_normal_form_still_changing_after_the_last_pass_is_reported(monkeypatch):
+    """A rewrite cycle must not pass unseen: the report's notes say the normal form
+    was still changing (simulated: every pass reports a change); a graph that settles
+    leaves no note."""
+    import dlverify.simplify as simplify
+
+    def build():
+        g = Graph("dist")
+        b = GraphBuilder(g, IdAllocator())
+        x = b.tensor((4, 4), "float32", "x")
+        g.inputs = [x]
+        r = b.op("reshape", [b.op("reshape", [x], (16,), "float32")], (2, 8), "float32")
+        g.outputs = [r]
+        return g
+    notes: list[str] = []
+    assert simplify_graph(build(), IdAllocator(), [], notes) and notes == []
+    monkeypatch.setattr(simplify._Simplifier, "run", lambda self: True)
+    simplify_graph(build(), IdAllocator(), [], notes)
+    assert notes == [f"the dist program's normal form (dlverify/simplify.py) was still changing "
+                     f"after {simplify._PASSES} passes: a failure may come from that, not from the "
+                     f"program"]
