@@ -73,11 +73,17 @@ def infer_output_relation(problem: Problem, idx: int, views: list[ViewFact]) -> 
         cands.append(opts)
     if len(grid) > ranks or ranks % len(grid):
         return None
-    for tried, pieces_of in enumerate(iota_assignments(tuple(pieces), ranks)):
+    for tried, index in enumerate(iota_assignments(tuple(pieces), ranks)):
         if tried >= MAX_SEARCH:
             return None
-        blocks = [tuple(i * n for i, n in zip(pieces_of[r], dist_shape)) for r in range(ranks)]
-        if all(b in cands[r] for r, b in enumerate(blocks)):
+        offsets = index * np.asarray(dist_shape, dtype=np.int64)
+        blocks = []
+        for r in range(ranks):      # most orders fail at the first ranks
+            b = tuple(int(o) for o in offsets[r])
+            if b not in cands[r]:
+                break
+            blocks.append(b)
+        else:
             return BlockRelation(seq_shape, dist_shape, tuple(blocks))
     return None
 
@@ -96,21 +102,21 @@ def _factorisations(n: int, most: int) -> Iterator[tuple[int, ...]]:
                 yield (f, *rest)
 
 
-def iota_assignments(pieces: tuple[int, ...], ranks: int) -> Iterator[list[tuple[int, ...]]]:
+def iota_assignments(pieces: tuple[int, ...], ranks: int) -> Iterator[np.ndarray]:
     """For each distinct XLA iota tile assignment of `ranks` devices to a grid of
     `pieces` (times ranks / prod(pieces) copies), reshaping the device order into at
-    most MAX_IOTA_DIMS dims (a mesh's axes): the grid index of every rank. The
-    row-major order (rank r holds piece r, copies innermost) comes first."""
+    most MAX_IOTA_DIMS dims (a mesh's axes): the grid index of every rank, an array
+    (ranks, len(pieces)). The row-major order (rank r holds piece r, copies
+    innermost) comes first."""
     shape = (*pieces, ranks // int(np.prod(pieces)))
-    seen: set[tuple[int, ...]] = set()
+    seen: set[bytes] = set()
     for f in sorted(set(_factorisations(ranks, MAX_IOTA_DIMS)), key=len):
         for perm in itertools.permutations(range(len(f))):
             tiles = np.arange(ranks).reshape(f or (1,)).transpose(perm or (0,)).ravel()
-            key = tuple(tiles)
+            key = tiles.tobytes()
             if key in seen:
                 continue
             seen.add(key)
             position = np.empty(ranks, dtype=np.int64)
             position[tiles] = np.arange(ranks)
-            index = np.unravel_index(position, shape)
-            yield [tuple(int(index[k][r]) for k in range(len(pieces))) for r in range(ranks)]
+            yield np.stack(np.unravel_index(position, shape)[:len(pieces)], axis=1)
