@@ -119,4 +119,5 @@ def iota_assignments(pieces: tuple[int, ...], ranks: int) -> Iterator[np.ndarray
             seen.add(key)
             position = np.empty(ranks, dtype=np.int64)
             position[tiles] = np.arange(ranks)
-            yield np.stack(np.unravel_index(position, shape)[:len(pieces)], axis=1)
+            index = np.unravel_index(position, shape)[:len(pieces)]
+            yield np.stack(index, axis=1) if index else np.zeros((ranks, 0), dtype=np.int64)

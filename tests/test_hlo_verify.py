@@ -396,6 +396,9 @@ def test_inference_takes_blocks_in_device_order_only():
     assert infer_output_relation(p, 0, order([2, 3, 0, 1])) is None      # shifted by 2
     assert infer_output_relation(p, 0, order([3, 2, 1, 0])) is None      # reversed
     assert infer_output_relation(p, 0, order([1, 0, 3, 2])) is None      # pairs swapped
+    # a scalar output (a loss) held whole by every rank: the grid of one piece, no dims
+    scalar = _P((), (), 4)
+    assert infer_output_relation(scalar, 0, [view(r, ()) for r in range(4)]).offsets == ((),) * 4
 
 
 def _ring_shift(direction):
