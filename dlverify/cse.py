@@ -11,15 +11,38 @@ keeps every value: these ops are functions of their operands. Collectives,
 opaque ops (custom calls, random bits) and sources are never merged; a merged
 op stays in `graph.folded` for diagnosis, located at its own line.
 
-The same merge runs inside simplify's normal form (simplify_forms.common_value),
-which sees the values its other rewrites create; this pass runs first, before
-the rewrites that read the programs' own structure (dlverify/rewrites.py).
+The same key (`value_key`) serves the merge inside simplify's normal form
+(simplify_forms.common_value), which sees the values its other rewrites create;
+this pass runs first, before the rewrites that read the programs' own structure
+(dlverify/rewrites.py).
 """
 from __future__ import annotations
 
+import numpy as np
+
 from dlverify.ir import FoldedOp, Graph, Op
-from dlverify.ops.table import KINDS
-from dlverify.simplify_forms import _COMMUTATIVE, _MERGED_FAMILIES, _frozen
+from dlverify.ops.table import KINDS, Family
+
+# kinds whose value does not depend on operand order
+_COMMUTATIVE = frozenset({"add", "mul", "max", "min", "and", "or", "xor", "eq", "ne"})
+# families whose ops may be merged: not collectives (channels, ranks), opaque ops
+# (custom calls, random bits) or sources (constants are compared by value elsewhere)
+_MERGED_FAMILIES = frozenset({Family.ELEMENTWISE, Family.LAYOUT, Family.REDUCTION,
+                              Family.CONTRACTION, Family.SCAN, Family.SORT})
+
+
+def _frozen(v: object) -> object:
+    """A hashable stand-in for a params value (equal values, equal stand-ins)."""
+    if isinstance(v, dict):
+        return tuple(sorted((k, _frozen(x)) for k, x in v.items()))
+    if isinstance(v, (list, tuple)):
+        return tuple(_frozen(x) for x in v)
+    if isinstance(v, np.ndarray):
+        return ("array", v.dtype.str, v.shape, v.tobytes())
+    if isinstance(v, np.generic):
+        return ("scalar", v.dtype.str, v.tobytes())
+    hash(v)                          # anything else must be hashable as it is
+    return v
 
 
 def value_key(graph: Graph, op: Op) -> tuple | None:

@@ -121,7 +121,8 @@ class FoldedOp:
     value: int
 
 
-_CHAIN_REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min")
+# reductions that over size-1 dims move no element (also reduce_squeeze.dl's reducers)
+CHAIN_REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min")
 CHAIN_DEPTH = 4   # ops that move no element followed upwards from each op (layout_algebra.py)
 
 
@@ -155,7 +156,7 @@ class Graph:
             bd = tuple(op.params["broadcast_dimensions"])
             return all(src[i] == dst[j] for i, j in enumerate(bd)) and \
                 all(dst[j] == 1 for j in range(len(dst)) if j not in bd)
-        if op.kind in _CHAIN_REDUCTIONS and len(op.inputs) == 1:
+        if op.kind in CHAIN_REDUCTIONS and len(op.inputs) == 1:
             return all(src[a] == 1 for a in op.params["axes"])
         if op.kind == "transpose":
             big = [i for i in op.params["permutation"] if src[i] > 1]

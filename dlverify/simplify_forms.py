@@ -47,33 +47,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from dlverify.cse import value_key
 from dlverify.ir import Graph, IdAllocator, Op, Tensor
-from dlverify.ops.table import KINDS, Family
 from dlverify.rewrites import _Rewriter
 
-# kinds whose value does not depend on operand order
-_COMMUTATIVE = frozenset({"add", "mul", "max", "min", "and", "or", "xor", "eq", "ne"})
-# families whose ops may be merged: not collectives (channels, ranks), opaque ops
-# (custom calls, random bits) or sources (constants are compared by value elsewhere)
-_MERGED_FAMILIES = frozenset({Family.ELEMENTWISE, Family.LAYOUT, Family.REDUCTION,
-                              Family.CONTRACTION, Family.SCAN, Family.SORT})
 # reductions of a set of elements (not argmax/argmin, which name positions)
 _SET_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod",
                              "reduce_and", "reduce_or", "reduce_xor"})
-
-
-def _frozen(v: object) -> object:
-    """A hashable stand-in for a params value (equal values, equal stand-ins)."""
-    if isinstance(v, dict):
-        return tuple(sorted((k, _frozen(x)) for k, x in v.items()))
-    if isinstance(v, (list, tuple)):
-        return tuple(_frozen(x) for x in v)
-    if isinstance(v, np.ndarray):
-        return ("array", v.dtype.str, v.shape, v.tobytes())
-    if isinstance(v, np.generic):
-        return ("scalar", v.dtype.str, v.tobytes())
-    hash(v)                          # anything else must be hashable as it is
-    return v
 
 
 def _unit_deletion(src: tuple[int, ...], to: tuple[int, ...]) -> tuple[list[int], list[int]] | None:
@@ -217,16 +197,11 @@ class _FormRules(_Rewriter):
         return False
 
     def common_value(self, op: Op) -> bool:
-        """Fold `op` into an earlier op computing the same value, else remember it."""
-        kind = KINDS[op.kind]
-        if kind.family not in _MERGED_FAMILIES or kind.local is None or not op.inputs:
+        """Fold `op` into an earlier op computing the same value (cse.value_key), else
+        remember it."""
+        key = value_key(self.g, op)
+        if key is None:
             return False
-        ins = tuple(sorted(op.inputs)) if op.kind in _COMMUTATIVE else tuple(op.inputs)
-        out = self.g.tensors[op.output]
-        try:
-            key = (op.kind, ins, _frozen(op.params), out.shape, out.dtype)
-        except TypeError:
-            return False                  # a params value without equality: never merged
         earlier = self.computed.get(key)
         if earlier is None or earlier == op.output:
             self.computed[key] = op.output

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from dlverify import ir
 from dlverify import schema as S
-from dlverify.ir import CHAIN_DEPTH, Graph, Op
+from dlverify.ir import CHAIN_DEPTH, CHAIN_REDUCTIONS, Graph, Op
 from dlverify.verdict import UNIT_SCALE, Result, ViewFact, fmt_offsets, scale_value, short_path
 
 @dataclass
@@ -22,9 +22,6 @@ class Step:
     rule: str               # the rule family, with its file
     where: str              # the ops involved, with source lines
     premises: list["Step"] = field(default_factory=list)
-
-
-_SQUEEZABLE = ("reduce_sum", "reduce_max", "reduce_min")   # reduce_squeeze.dl's reducers
 
 
 def _family(kind: str) -> str:
@@ -136,7 +133,7 @@ class Explainer:
         for ds in dch[1:]:
             for ss in sch:
                 dr, sr = self.dprod.get(ds), self.sprod.get(ss)
-                if dr is None or sr is None or dr.kind not in _SQUEEZABLE or sr.kind != dr.kind:
+                if dr is None or sr is None or dr.kind not in CHAIN_REDUCTIONS or sr.kind != dr.kind:
                     continue
                 for c in self._pair_views(sr.inputs[0], dr.inputs[0], v.rank)[:1]:
                     return Step(v, "reductions whose axes differ by size-1 dims (reduce_squeeze.dl), "
