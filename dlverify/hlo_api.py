@@ -100,7 +100,8 @@ def relate_elided_constants(problem: Problem) -> None:
         times = f" ({len(s_ops)} instances, paired in program order)" if len(s_ops) > 1 else ""
         problem.assumptions.append(f"constant %{name} elided in both files; assumed equal{times}")
     for side, consts, g in (("sequential", seq_c, problem.seq), ("distributed", dist_c, problem.dist)):
-        unknown = [op for ops in consts.values() for op in ops if op in g.ops]
+        left = {op.id for op in g.ops}    # the ones not made inputs above
+        unknown = [op for ops in consts.values() for op in ops if op.id in left]
         for op in unknown[:5]:   # what reads them cannot relate: say which they are
             problem.notes.append(
                 f"constant %{op.name} ({Path(op.loc.file).name}:{op.loc.line}) is elided ({{...}}) in "

@@ -34,8 +34,6 @@ per rank.
 """
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 
 from dlverify.frontends.hlo.model import FLAT_AXIS
@@ -287,29 +285,36 @@ def rewrite_reshardings(problem: Problem) -> bool:
     if problem.mesh.axis_names != (FLAT_AXIS,) or not any(op.kind == "all_to_all" for op in g.ops):
         return False
     ranks = problem.mesh.size
-    # layouts hoisted above elementwise ops on a copy, kept only when a region then
-    # becomes an all-gather: elsewhere the program keeps the order the rules pair
-    hoisted = copy.deepcopy(g)
-    for graph in ((hoisted, g) if hoist_layouts(hoisted, problem.ids) else (g,)):
-        if _rewrite_regions(graph, problem.ids, ranks):
-            if graph is hoisted:
-                g.ops, g.tensors, g.outputs = hoisted.ops, hoisted.tensors, hoisted.outputs
+    # layouts hoisted above elementwise ops, kept only when a region then becomes an
+    # all-gather: elsewhere the program keeps the order the rules pair. Hoisting
+    # replaces ops (it changes none in place) and adds tensors: the old op list and
+    # tensor ids undo it.
+    ops, tensors = list(g.ops), set(g.tensors)
+    if hoist_layouts(g, problem.ids):
+        if _rewrite_regions(g, problem.ids, ranks):
             return True
-    return False
+        g.ops = ops
+        for t in set(g.tensors) - tensors:
+            del g.tensors[t]
+    return _rewrite_regions(g, problem.ids, ranks)
 
 
 def _rewrite_regions(g: Graph, ids: IdAllocator, ranks: int) -> bool:
-    done: set[int] = set()      # all-to-alls whose region was rewritten
+    """Replace each region's end, the largest first for each all-to-all (an end shared
+    by two regions is replaced once), in one pass over the op list at the end."""
+    done: set[int] = set()              # all-to-alls whose region was rewritten
+    replaced: dict[int, list[Op]] = {}  # end op id -> the ops computing its tensor now
     for x, region in _regions(g):
         a2a = next(op for op in region if op.kind == "all_to_all")
-        if a2a.id in done or region[-1] not in g.ops:
+        if a2a.id in done or region[-1].id in replaced:
             continue
         ops = _replacement(g, ids, x, region, ranks)
         if ops is None:
             continue
-        at = g.ops.index(region[-1])
-        g.ops[at:at + 1] = ops
+        replaced[region[-1].id] = ops
         done.add(a2a.id)
+    if replaced:
+        g.ops = [new for op in g.ops for new in replaced.get(op.id, [op])]
     return bool(done)
 
 

@@ -55,7 +55,9 @@ def _rewrite(g: Graph, ids: IdAllocator, wanted: set[tuple[float, str]],
     """Divisions of `g` by a literal d whose rounded reciprocal is in `wanted`."""
     producer = {op.output: op for op in g.ops}
     changed = False
-    for op in list(g.ops):
+    ops: list[Op] = []
+    for op in g.ops:
+        ops.append(op)
         if op.kind != "div" or len(op.inputs) != 2:
             continue
         lit = _literal(g, producer, op.inputs[1])
@@ -73,8 +75,7 @@ def _rewrite(g: Graph, ids: IdAllocator, wanted: set[tuple[float, str]],
         if divisor.kind == "broadcast_in_dim":
             operand = b.op("broadcast_in_dim", [operand], g.tensors[divisor.output].shape, dtype,
                            {"broadcast_dimensions": ()}, divisor.loc, f"{divisor.name}.reciprocal")
-        at = g.ops.index(op)
-        g.ops[at:at] = scratch.ops
+        ops[-1:-1] = scratch.ops     # before the division, which becomes the product
         op.kind, op.inputs = "mul", [op.inputs[0], operand]
         scalar = np.dtype(dtype).type   # printed with the dtype's shortest digits
         note = (f"x / {np.format_float_positional(scalar(d))} computed as x * "
@@ -83,6 +84,7 @@ def _rewrite(g: Graph, ids: IdAllocator, wanted: set[tuple[float, str]],
         if note not in assumptions:
             assumptions.append(note)
         changed = True
+    g.ops = ops
     return changed
 
 

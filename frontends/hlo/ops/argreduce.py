@@ -42,11 +42,12 @@ def _is_iota_along(L: Lowerer, t: int, axis: int) -> bool:
         [-1 if d == axis else 1 for d in range(len(shape))]), shape)
     if t in L.known:
         return np.array_equal(np.asarray(L.known[t]), want)
-    op = L.b.graph.producer().get(t)
+    producer = L.b.graph.producer()
+    op = producer.get(t)
     if op is not None and op.kind == "iota":
         return op.params["dimension"] == axis
     if op is not None and op.kind == "broadcast_in_dim":
-        src = L.b.graph.producer().get(op.inputs[0])
+        src = producer.get(op.inputs[0])
         return src is not None and src.kind == "iota" and len(L.shape_of(op.inputs[0])) == 1 \
             and tuple(op.params["broadcast_dimensions"]) == (axis,)
     return False
