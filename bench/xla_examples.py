@@ -36,6 +36,7 @@ import jax  # noqa: E402
 
 from dlverify.case import CASE_MARKER  # noqa: E402
 from dlverify.errors import InputError  # noqa: E402
+from dlverify.frontends.jax_compiled import dumped_after_optimizations  # noqa: E402
 from dlverify.hlo_api import verify_hlo  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,21 +76,12 @@ def _bug_line(dist_fn) -> int | None:
     return marked[0] if len(marked) == 1 else None
 
 
-def _after_optimizations(lowered, large_constants: bool) -> str:
-    """The module after optimisations as `--xla_dump_to` writes it (large constants
-    printed in full with `xla_dump_large_constants`, else elided as `{...}`)."""
-    with tempfile.TemporaryDirectory(prefix="dlverify-bench-dump-") as d:
-        lowered.compile(compiler_options={"xla_dump_to": d, "xla_dump_large_constants": large_constants})
-        files = sorted(Path(d).glob("module_*after_optimizations.txt"))
-        return files[-1].read_text(encoding="utf-8")
-
-
 def _texts(case, seq_stage: str, large_constants: bool) -> tuple[str, str]:
     dist = case.dist if hasattr(case.dist, "lower") else jax.jit(case.dist)
     seq = jax.jit(case.seq).lower(*case.args)
-    seq_text = (_after_optimizations(seq, large_constants) if seq_stage == "after"
+    seq_text = (dumped_after_optimizations(seq, large_constants) if seq_stage == "after"
                 else seq.as_text(dialect="hlo"))
-    return seq_text, _after_optimizations(dist.lower(*case.args), large_constants)
+    return seq_text, dumped_after_optimizations(dist.lower(*case.args), large_constants)
 
 
 def run_case(path: Path, name: str, case, seq_stage: str, large_constants: bool,

@@ -96,6 +96,15 @@ def _dump(lowered: Any, what: str) -> dict[str, str]:
         return out
 
 
+def dumped_after_optimizations(lowered: Any, large_constants: bool = True) -> str:
+    """The module after optimisations of `lowered`, as `--xla_dump_to` writes it (large
+    constants printed with `xla_dump_large_constants`, else elided as `{...}`): what a
+    user's dump folder holds (bench/xla_examples.py, the compiled-example tests)."""
+    with tempfile.TemporaryDirectory(prefix="dlverify-xla-") as d:
+        lowered.compile(compiler_options={"xla_dump_to": d, "xla_dump_large_constants": large_constants})
+        return sorted(Path(d).glob("module_*after_optimizations.txt"))[-1].read_text(encoding="utf-8")
+
+
 def _names(args: tuple[Any, ...]) -> list[str]:
     leaves = jax.tree_util.tree_flatten_with_path(args)[0]
     out = []
@@ -155,4 +164,5 @@ def build_problem(seq_mod: HloModule, dist_mod: HloModule, pre_mod: HloModule | 
                         name=name)
 
 
-__all__ = ["import_jax_compiled", "uses_shard_map", "build_problem", "DUMP_OPTIONS"]
+__all__ = ["import_jax_compiled", "uses_shard_map", "build_problem", "dumped_after_optimizations",
+           "DUMP_OPTIONS"]

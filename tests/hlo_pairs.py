@@ -3,12 +3,12 @@
 bundled examples as XLA compiles them (test_cse.py, test_const_layout.py,
 test_resharding_regions.py; bench/xla_examples.py runs them all)."""
 import importlib.util
-import tempfile
 from pathlib import Path
 
 from conftest import bug_line
 from rulekit import assert_views_hold
 
+from dlverify.frontends.jax_compiled import dumped_after_optimizations
 from dlverify.hlo_api import verify_hlo
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -47,11 +47,7 @@ def compiled_pair(case, dumped: bool = False) -> tuple[str, str]:
     import jax
     seq = jax.jit(case.seq).lower(*case.args).as_text(dialect="hlo")
     lowered = case.dist.lower(*case.args)
-    if not dumped:
-        return seq, lowered.compile().as_text()
-    with tempfile.TemporaryDirectory() as d:
-        lowered.compile(compiler_options={"xla_dump_to": d, "xla_dump_large_constants": True})
-        return seq, sorted(Path(d).glob("module_*after_optimizations.txt"))[-1].read_text()
+    return seq, dumped_after_optimizations(lowered) if dumped else lowered.compile().as_text()
 
 
 def assert_compiled_case_and_twin(tmp_path: Path, correct, twin, dumped: bool = False) -> None:

@@ -46,6 +46,17 @@ def hostile(dtype=np.float32, nan: bool = False) -> np.ndarray:
     return x.astype(dtype)
 
 
+def each_module(functions: dict):
+    """Parametrize a test over `functions` by name, float32 and int32 inputs, and the
+    module before (pre) and after (post) XLA's optimisations."""
+    def mark(test):
+        for name, values in (("stage", ["pre", "post"]), ("dtype", [np.float32, np.int32]),
+                             ("name", sorted(functions))):
+            test = pytest.mark.parametrize(name, values)(test)
+        return test
+    return mark
+
+
 ARG_FUNCTIONS = {
     "argmax_rows": lambda x: jnp.argmax(x, axis=1),
     "argmin_cols": lambda x: jnp.argmin(x, axis=0),
@@ -54,9 +65,7 @@ ARG_FUNCTIONS = {
 }
 
 
-@pytest.mark.parametrize("stage", ["pre", "post"])
-@pytest.mark.parametrize("dtype", [np.float32, np.int32])
-@pytest.mark.parametrize("name", sorted(ARG_FUNCTIONS))
+@each_module(ARG_FUNCTIONS)
 def test_jax_argmax_argmin_compute_what_xla_computes(name, dtype, stage):
     fn = ARG_FUNCTIONS[name]
     x = hostile(dtype)
@@ -97,9 +106,7 @@ def scan_input(dtype) -> np.ndarray:
     return (np.round(x * 3) if np.issubdtype(dtype, np.integer) else x).astype(dtype)
 
 
-@pytest.mark.parametrize("stage", ["pre", "post"])
-@pytest.mark.parametrize("dtype", [np.float32, np.int32])
-@pytest.mark.parametrize("name", sorted(SCAN_FUNCTIONS))
+@each_module(SCAN_FUNCTIONS)
 def test_jax_scans_compute_what_xla_computes(name, dtype, stage):
     fn = SCAN_FUNCTIONS[name]
     x = scan_input(dtype)
