@@ -40,6 +40,18 @@ def _keys(op: Op | FoldedOp, shared: set[str]) -> list[tuple]:
     return [(op.kind,) + chain[:j] for j in range(len(chain), 0, -1)]
 
 
+def _squeeze_only(g: Graph, op: Op) -> bool:
+    """op only inserts or removes size-1 dims (a broadcast, a reduction over size-1
+    dims, a reshape or transpose keeping the other dims in order): it cannot misplace
+    an element, and autodiff writes such ops where the other program has none (the
+    transpose of a broadcast: a reduction over size-1 dims, then a broadcast
+    reinserting them), so it is never the first op holding another value."""
+    if not g.moves_no_element(op):
+        return False
+    big = [n for n in g.tensors[op.inputs[0]].shape if n > 1]
+    return big == [n for n in g.tensors[op.output].shape if n > 1]
+
+
 def counterpart_failure(problem: Problem, views: list[ViewFact], candidates: set[int],
                         before: int | None, describe: Callable[[int], str],
                         view_text: Callable[[ViewFact], str]) -> Failure | None:
@@ -65,7 +77,7 @@ def counterpart_failure(problem: Problem, views: list[ViewFact], candidates: set
     for op in problem.dist.ops:
         if op.id == before:
             return None
-        if op.id not in candidates or not related.get(op.output):
+        if op.id not in candidates or not related.get(op.output) or _squeeze_only(problem.dist, op):
             continue
         # the sequential ops sharing the longest chain of frames (from the innermost):
         # the same code path, or at least the same line of a helper both programs call

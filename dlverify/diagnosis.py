@@ -16,35 +16,9 @@ from dlverify.outputs import infer_output_relation
 from dlverify.partial_tags import TRANS_BASE, full_size, group_class, is_group_axis, reindexing
 from dlverify.problem import Problem
 from dlverify.rank_flow import rank_ancestors
-from dlverify.relations import BlockRelation
+from dlverify.relations import describe_reconstruction
 from dlverify.verdict import (UNIT_SCALE, Failure, ViewFact, fmt_offsets, parse_padded_views,
                               parse_views, scale_value, short_path)
-
-
-def describe_reconstruction(name: str, rel: BlockRelation, ranks: int) -> str:
-    """The reconstruction function for an output whose blocks are `rel`."""
-    blocks: dict[tuple[int, ...], list[int]] = defaultdict(list)
-    for r, offs in enumerate(rel.offsets[:ranks]):
-        blocks[offs].append(r)
-    if len(blocks) == 1:
-        return f"{name} = r0.{name}  (replicated on all {ranks} ranks)"
-    varying = [i for i in range(len(rel.seq_shape)) if len({o[i] for o in blocks}) > 1]
-
-    def build(keys: list[tuple[int, ...]], dims: list[int]) -> str:
-        if not dims:
-            return f"r{blocks[keys[0]][0]}.{name}"
-        d = dims[0]
-        by = defaultdict(list)
-        for k in keys:
-            by[k[d]].append(k)
-        parts = [build(by[o], dims[1:]) for o in sorted(by)]
-        return f"concat({', '.join(parts)}; dim {d})"
-
-    text = f"{name} = {build(sorted(blocks), varying)}"
-    copies = {len(v) for v in blocks.values()}
-    if copies != {1}:
-        text += f"  (each block held by {max(copies)} ranks)"
-    return text
 
 
 class Judge:
@@ -183,6 +157,7 @@ class Judge:
         for o in dist_ops:
             out_t = self.dist_ops[o].output
             self.dist_frontier[o] = [r for r in self.dist_frontier[o] if (out_t, r) in reach]
+        self._drop_bridged(dist_ops, dist_anc)
         dist_ops = [o for o in dist_ops if self.dist_frontier[o]]
         reduced_later = self._reduced_downstream()
         live = self._live(failing)
@@ -212,6 +187,24 @@ class Judge:
                                f"program but no distributed value equals (a block of) its output",
                                "sequential", op.loc.frames, kind="sequential-frontier"))
         return out
+
+    def _drop_bridged(self, dist_ops: list[int], dist_anc: set[int]) -> None:
+        """Forget the ranks on which a frontier op's result is bridged: every consumer
+        on the way to a failing output has a view there. A chain of ops that move no
+        element (a reduction over size-1 dims, then a broadcast reinserting them) is
+        related end to end while its middle, of another rank than the sequential
+        value, has no view of its own; reporting the middle as the first failure
+        would point away from where the relation really stops."""
+        consumers: dict[int, list[Op]] = defaultdict(list)
+        for op in self.p.dist.ops:
+            if op.id in dist_anc:
+                for i in set(op.inputs):
+                    consumers[i].append(op)
+        for o in dist_ops:
+            users = consumers.get(self.dist_ops[o].output, [])
+            if users:
+                self.dist_frontier[o] = [r for r in self.dist_frontier[o]
+                                         if not all(self.by_dist.get((u.output, r)) for u in users)]
 
     def _reduced_downstream(self) -> set[int]:
         """Distributed tensors from which some reducing collective is reachable."""

@@ -7,6 +7,7 @@ distributed tensor's shape. Replicated is the block at offset 0 of full size.
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -140,3 +141,29 @@ def split_relation(shape: Sequence[int], dim: int, ranks: int,
     local = shape[:dim] + (loc,) + shape[dim + 1:]
     offs = tuple(tuple(r * loc if i == dim else 0 for i in range(len(shape))) for r in range(ranks))
     return BlockRelation(shape, local, offs)
+
+
+def describe_reconstruction(name: str, rel: BlockRelation, ranks: int) -> str:
+    """The reconstruction function for an output whose blocks are `rel`."""
+    blocks: dict[tuple[int, ...], list[int]] = defaultdict(list)
+    for r, offs in enumerate(rel.offsets[:ranks]):
+        blocks[offs].append(r)
+    if len(blocks) == 1:
+        return f"{name} = r0.{name}  (replicated on all {ranks} ranks)"
+    varying = [i for i in range(len(rel.seq_shape)) if len({o[i] for o in blocks}) > 1]
+
+    def build(keys: list[tuple[int, ...]], dims: list[int]) -> str:
+        if not dims:
+            return f"r{blocks[keys[0]][0]}.{name}"
+        d = dims[0]
+        by = defaultdict(list)
+        for k in keys:
+            by[k[d]].append(k)
+        parts = [build(by[o], dims[1:]) for o in sorted(by)]
+        return f"concat({', '.join(parts)}; dim {d})"
+
+    text = f"{name} = {build(sorted(blocks), varying)}"
+    copies = {len(v) for v in blocks.values()}
+    if copies != {1}:
+        text += f"  (each block held by {max(copies)} ranks)"
+    return text
