@@ -139,5 +139,8 @@ def _reduce_window(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloCom
             not any(np.asarray(val).item() == o for o in _identity_value(op, L.dtype_of(init))):
         raise L.unknown(ins, f"reduce-window ({op}) whose init is not a known constant identity "
                              f"of {op}")
-    return L.emit(_SCAN_KINDS[op], [x], shape, L.dtype_of(x),
+    # the result's declared type, not the operand's: a convert from pred is an
+    # identity of the IR (bools are 0/1 reals), so x may be bool while its
+    # prefix sums are counts
+    return L.emit(_SCAN_KINDS[op], [x], shape, L.array_shape(ins).dtype,
                   {"axis": d, "reverse": win["pad"][d] == (0, n - 1) and n > 1}, loc, ins.name)

@@ -85,7 +85,9 @@ def _scatter(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputati
     L.reducer(ins, {"add": "add"})
     operand, idx, upd = (L.tid(ins, v) for v in ops)
     O, I, U = L.shape_of(operand), L.shape_of(idx), L.shape_of(upd)
-    dtype = L.dtype_of(operand)
+    # the result's declared type: a convert from pred is an identity of the IR, so
+    # operand and updates may be bool while their sums are not
+    dtype = L.array_shape(ins).dtype
     windows = ints(ins.attrs.get("update_window_dims"))
     inserted = ints(ins.attrs.get("inserted_window_dims"))
     K = ints(ins.attrs.get("scatter_dims_to_operand_dims"))
@@ -102,7 +104,8 @@ def _scatter(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputati
     if not is_int_dtype(L.dtype_of(idx)) or len(K) != m or len(set(K)) != m or \
             len(b_op) != len(b_idx) or len(free) != len(windows) or \
             len(scatter_dims) != len(idx_dims) or L.array_shape(ins).dims != O or \
-            L.dtype_of(upd) != dtype or not set(inserted) <= set(K) or set(b_op) & set(K):
+            L.dtype_of(upd) != L.dtype_of(operand) or not set(inserted) <= set(K) or \
+            set(b_op) & set(K):
         raise L.unknown(ins, f"{refuse}; malformed or other dimension numbers")
     wsize = {k: U[w] for k, w in zip(free, windows)}
     if any(wsize.get(k, 1) != 1 for k in K) or \
