@@ -135,16 +135,18 @@ class _Rewriter:
         return True
 
     # ------------------------------------------------------------------ driver
+    def apply(self, op: Op) -> bool:
+        """Replace `op` by what a rule rewrites it into (True), or leave it (False)."""
+        return (op.kind == "dot_general" and len(op.inputs) == 2 and self.dot(op)) or \
+            (op.kind == "slice" and self.slice(op))
+
     def run(self) -> bool:
         g = self.g
         unused_before = _unused(g)
         changed = False
         for op in g.ops:
             op.inputs = [self.alias.get(i, i) for i in op.inputs]
-            if op.kind == "dot_general" and len(op.inputs) == 2 and self.dot(op):
-                changed = True
-                continue
-            if op.kind == "slice" and self.slice(op):
+            if self.apply(op):
                 changed = True
                 continue
             self.out.append(op)
@@ -226,7 +228,11 @@ def rewrite(problem: Problem) -> None:
     from dlverify.rounded_reciprocal import match_rounded_reciprocals
     from dlverify.resharding import rewrite_reshardings
     from dlverify.simplify import simplify_graph
+    from dlverify.simplify_int import fold_int_expansions
     from dlverify.softmax_form import canonical_softmaxes
+    if problem.normal_form:   # XLA's integer rem / div and gathers, as the programs wrote them
+        fold_int_expansions(problem.seq, problem.ids, None)
+        fold_int_expansions(problem.dist, problem.ids, problem.mesh)
     rewrite_masked_gathers(problem)
     unused = [_unused(problem.seq), _unused(problem.dist)]
     if problem.normal_form:   # compiled modules recompute values per fusion (dlverify/cse.py)

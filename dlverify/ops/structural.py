@@ -101,26 +101,35 @@ def pad(call: Call) -> np.ndarray:
 
 
 def gather(call: Call) -> np.ndarray:
-    """XLA gather (no batching dims): start indices clamped so every slice fits."""
+    """XLA gather: start indices clamped so every slice fits; an operand batching dim
+    starts at the position of its paired index batch dim (of the same size)."""
     p = call.params
     x, idx = np.asarray(call.ins[0]), np.asarray(call.ins[1])
     out_shape = call.out_shape
-    if p.get("operand_batching_dims") or p.get("start_indices_batching_dims"):
-        raise NotExecutable("gather with batching dims")
+    obd, sbd = tuple(p.get("operand_batching_dims") or ()), tuple(p.get("start_indices_batching_dims") or ())
     smap, collapsed, sizes = p["start_index_map"], p["collapsed_slice_dims"], p["slice_sizes"]
     ivd = p["index_vector_dim"]
     idx = idx.astype(np.int64)
-    idx = idx[..., None] if ivd is None or ivd == idx.ndim else np.moveaxis(idx, ivd, -1)
-    if idx.shape[-1] != len(smap):
+    if ivd is None or ivd == idx.ndim:
+        idx, ivd = idx[..., None], idx.ndim
+    else:
+        idx = np.moveaxis(idx, ivd, -1)
+    if idx.shape[-1] != len(smap) or len(obd) != len(sbd):
         raise NotExecutable(f"gather index vectors of size {idx.shape[-1]} for {len(smap)} "
                             f"indexed dims")
-    kept = [i for i in range(x.ndim) if i not in collapsed]
+    # where each index batch dim is among the index dims without the vector dim
+    batch_at = [s - (s > ivd) for s in sbd]
+    if any(s == ivd or x.shape[d] != idx.shape[a] for s, d, a in zip(sbd, obd, batch_at)):
+        raise NotExecutable("gather batching dims of different sizes")
+    kept = [i for i in range(x.ndim) if i not in collapsed and i not in obd]
     batch_out = [j for j in range(len(out_shape)) if j not in p["offset_dims"]]
     out = np.empty(out_shape, dtype=x.dtype)
     for b in np.ndindex(*idx.shape[:-1]):
         start = [0] * x.ndim
         for k, d in enumerate(smap):
             start[d] = clamp_start(idx[b][k], x.shape[d], sizes[d])
+        for d, a in zip(obd, batch_at):
+            start[d] = b[a]
         piece = x[tuple(slice(a, a + n) for a, n in zip(start, sizes))]
         at: list[Any] = [slice(None)] * len(out_shape)
         for j, v in zip(batch_out, b):

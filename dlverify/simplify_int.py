@@ -1,0 +1,302 @@
+"""XLA's expansions of integer index arithmetic and of row lookups, folded back.
+
+A module dumped after XLA's optimisations computes some integer index ops in
+forms the module before them (and a jaxpr) never writes, so that nothing
+relates them to the sequential program and dlverify/index_ranges.py cannot
+bound them:
+
+* signed remainder and division by a power of two: XLA's algebraic simplifier
+  writes `x rem 2^k` as `select(x < 0, -(|x| & (2^k - 1)), |x| & (2^k - 1))`
+  and `x / 2^k` as `select(x < 0, -(|x| >>> k), |x| >>> k)`, with
+  `|x| = select(x < 0, -x, x)` and `>>>` the logical shift. Both are folded
+  back into `rem(x, 2^k)` and `div(x, 2^k)` (truncating, as XLA's integer
+  rem and div). An identity in two's complement for every x of the dtype,
+  the most negative included: there `-x` wraps to x itself, whose bit
+  pattern `100...0` has no bit below the sign (`& (2^k - 1)` is 0, the rem
+  of a multiple of 2^k) and shifted logically right by k is 2^(bits-1-k)
+  (negated, `x / 2^k`); k = 0 gives x itself as the quotient. Only when
+  2^k fits the dtype (the divisor must be one of its values).
+
+* row lookups in XLA's canonical gather form (its gather simplifier): every
+  slice dim kept in the output with size 1 (`collapsed_slice_dims={}`), the
+  batch dims first, and the batch dims of a `take_along_axis` turned into
+  iota components of the index vector. Folded back into JAX's forms, which
+  dlverify/masked_gather.py reads:
+  - a lookup along one dim (`take`): the unit slice dim collapsed, the batch
+    dims at the looked-up dim's place, then a transpose (when the order
+    differs) and a reshape restore XLA's output. The same elements: a size-1
+    slice at the same (clamped) start.
+  - `take_along_axis`: when every other operand dim of size > 1 is indexed by
+    an iota over the index batch dim of that size (matched in order, so the
+    iota lies in range and no start is clamped), those dims become batching
+    dims. A dim of size 1 needs no iota: its start is clamped to 0.
+
+* known bool operands: `ne(p, false)`, `eq(p, true)`, `and(p, true)`, `or(p,
+  false)` are p (`ne(p, true)`, `eq(p, false)` are `not p`), the known value
+  computed from literals (and the rank) by the shared constant folder. XLA drops
+  the divisor's sign test from the floor-mod fix-up `(rem < 0) != (V < 0)`.
+
+* a reshape that only adds or drops size-1 dims, after an all-reduce, moves
+  before it (as transposes do, simplify_forms.transpose_into_all_reduce): XLA
+  reduces a row max as [n, 1] between two bitcasts.
+
+Each an identity for every input; tests/test_simplify_int.py checks each
+numerically with the shared evaluator, edge values included, and where it must
+not fire. Run on both graphs alike (dlverify/rewrites.py), before the masked
+gathers are matched.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from dlverify.ir import Graph, IdAllocator, Mesh, Op
+from dlverify.ops.dtypes import exact_dtype
+from dlverify.passes import fold
+from dlverify.rewrites import _Rewriter
+
+
+class _IntForms(_Rewriter):
+    def __init__(self, graph: Graph, ids: IdAllocator, mesh: Mesh | None) -> None:
+        super().__init__(graph, ids)
+        # per rank, the value of each tensor computed from literals (and the rank)
+        self.known = fold(graph, mesh).splat
+
+    # ------------------------------------------------------------------ literals
+    def int_literal(self, t: int) -> int | None:
+        """The integer every element of t holds, when t is a literal (or a
+        broadcast or reshape of one)."""
+        op = self.producer.get(t)
+        while op is not None and op.kind in ("broadcast_in_dim", "reshape"):
+            op = self.producer.get(op.inputs[0])
+        if op is None or op.kind != "constant" or op.params.get("value") is None:
+            return None
+        v = np.asarray(op.params["value"])
+        if v.size == 0 or not np.issubdtype(v.dtype, np.integer) or not (v == v.flat[0]).all():
+            return None
+        return int(v.flat[0])
+
+    def is_negative_test(self, p: int, x: int) -> bool:
+        """p = (x < 0) (or 0 > x)."""
+        op = self.producer.get(p)
+        if op is None or len(op.inputs) != 2:
+            return False
+        if op.kind == "lt":
+            return op.inputs[0] == x and self.int_literal(op.inputs[1]) == 0
+        if op.kind == "gt":
+            return op.inputs[1] == x and self.int_literal(op.inputs[0]) == 0
+        return False
+
+    def negated(self, a: int, b: int) -> bool:
+        """b = -a."""
+        op = self.producer.get(b)
+        return op is not None and op.kind == "neg" and op.inputs == [a]
+
+    def literal(self, value: int, shape: tuple[int, ...], dtype: str, like: Op) -> int:
+        c = self.builder.constant(np.asarray(value, dtype=exact_dtype(dtype)), (), dtype, like.loc,
+                                  f"{like.name}.divisor")
+        self.producer[c] = self.out[-1]
+        if not shape:
+            return c
+        return self.new_op("broadcast_in_dim", [c], shape, dtype, {"broadcast_dimensions": ()}, like)
+
+    # ------------------------------------------------------------------ rem / div
+    def signed_pow2(self, op: Op) -> bool:
+        """select_n(x < 0, q, -q) with q = |x| & (2^k - 1) or |x| >>> k: rem / div."""
+        if op.kind != "select_n" or len(op.inputs) != 3:
+            return False
+        out = self.g.tensors[op.output]
+        d = exact_dtype(out.dtype)
+        if d is None or d == np.bool_ or not np.issubdtype(d, np.signedinteger):
+            return False
+        p, q, neg_q = op.inputs
+        inner = self.producer.get(q)
+        if not self.negated(q, neg_q) or inner is None or len(inner.inputs) != 2:
+            return False
+        bits = np.iinfo(d).bits
+        found = None
+        if inner.kind == "and":
+            for i in (0, 1):
+                m = self.int_literal(inner.inputs[1 - i])
+                # m = 2^k - 1 with 2^k a value of the dtype (k <= bits - 2)
+                if m is not None and m >= 0 and (m + 1) & m == 0 and m + 1 <= np.iinfo(d).max:
+                    found = ("rem", inner.inputs[i], m + 1)
+                    break
+        elif inner.kind == "shift_right_logical":
+            k = self.int_literal(inner.inputs[1])
+            if k is not None and 0 <= k <= bits - 2:
+                found = ("div", inner.inputs[0], 1 << k)
+        if found is None:
+            return False
+        kind, abs_x, divisor = found
+        sel = self.producer.get(abs_x)
+        if sel is None or sel.kind != "select_n" or len(sel.inputs) != 3:
+            return False
+        p2, x, neg_x = sel.inputs
+        if not (self.negated(x, neg_x) and self.is_negative_test(p2, x) and self.is_negative_test(p, x)):
+            return False
+        c = self.literal(divisor, out.shape, out.dtype, op)
+        self.new_op(kind, [x, c], out.shape, out.dtype, {}, op, output=op.output)
+        return True
+
+    # ------------------------------------------------------------------ known bools
+    def known_bool_operand(self, op: Op) -> bool:
+        """`ne(p, false)`, `eq(p, true)`, `and(p, true)`, `or(p, false)` are p; `ne(p,
+        true)` and `eq(p, false)` are `not p`. XLA's simplifier drops the sign test of
+        a positive divisor from the floor-mod fix-up, `(rem < 0) != (V < 0)`; the
+        module before it computes `V < 0` (false) from constants."""
+        if op.kind not in ("ne", "eq", "and", "or") or len(op.inputs) != 2 or \
+                any(self.g.tensors[t].dtype != "bool" for t in op.inputs + [op.output]):
+            return False
+        for i in (0, 1):
+            vals = self.known.get(op.inputs[1 - i])
+            keep = op.inputs[i]
+            if vals is None or len(set(bool(v) for v in vals)) != 1 or self.shape(keep) != self.shape(op.output):
+                continue
+            v = bool(vals[0])
+            if (op.kind, v) in (("ne", False), ("eq", True), ("and", True), ("or", False)):
+                return self.fold(op, keep)
+            if op.kind in ("ne", "eq"):
+                self.new_op("not", [keep], self.shape(op.output), "bool", {}, op, output=op.output)
+                return True
+        return False
+
+    # ------------------------------------------------------------------ gathers
+    def gather_take(self, op: Op) -> bool:
+        """A lookup along one dim with its unit slice dim kept: JAX's take form."""
+        if op.kind != "gather" or len(op.inputs) != 2:
+            return False
+        p = op.params
+        operand, idx = op.inputs
+        o_shape, i_shape = self.shape(operand), self.shape(idx)
+        if p["operand_batching_dims"] or p["start_indices_batching_dims"] or len(p["start_index_map"]) != 1 \
+                or not i_shape or p["index_vector_dim"] != len(i_shape) - 1 or i_shape[-1] != 1:
+            return False
+        dim = p["start_index_map"][0]
+        o_rank = len(o_shape)
+        if p["collapsed_slice_dims"] or tuple(p["slice_sizes"]) != \
+                tuple(1 if d == dim else o_shape[d] for d in range(o_rank)):
+            return False
+        batch = i_shape[:-1]
+        nb = len(batch)
+        jax_offsets = tuple(d for d in range(o_rank - 1 + nb) if not dim <= d < dim + nb)
+        jax_shape = o_shape[:dim] + batch + o_shape[dim + 1:]
+        # where each of XLA's output dims lies in JAX's (its unit slice dim: nowhere)
+        offsets = list(p["offset_dims"])
+        out_rank = len(self.shape(op.output))
+        perm, b = [], 0
+        for pos in range(out_rank):
+            if pos in offsets:
+                od = offsets.index(pos)   # the operand dim (none collapsed: in order)
+                if od != dim:
+                    perm.append(od if od < dim else od - 1 + nb)
+            else:
+                perm.append(dim + b)
+                b += 1
+        dtype = self.g.tensors[op.output].dtype
+        params = dict(p, collapsed_slice_dims=(dim,), offset_dims=jax_offsets)
+        t = self.new_op("gather", [operand, idx], jax_shape, dtype, params, op)
+        if perm != list(range(len(perm))):
+            t = self.new_op("transpose", [t], tuple(jax_shape[d] for d in perm), dtype,
+                            {"permutation": tuple(perm)}, op)
+        self.new_op("reshape", [t], self.shape(op.output), dtype, {}, op, output=op.output)
+        return True
+
+    def _index_parts(self, idx: int, ivd: int) -> tuple[list[int], int] | None:
+        """The index as a concatenate of parts along the dim the index vector dim is,
+        directly or through a reshape that only adds or drops size-1 dims: (parts,
+        concatenated dim). Each part has size 1 there."""
+        cat, i_shape = self.producer.get(idx), self.shape(idx)
+        dim_in_cat = ivd
+        if cat is not None and cat.kind == "reshape":
+            src = self.shape(cat.inputs[0])
+            a = [d for d, n in enumerate(src) if n != 1]
+            b = [d for d, n in enumerate(i_shape) if n != 1]
+            if [src[d] for d in a] != [i_shape[d] for d in b] or ivd not in b:
+                return None
+            dim_in_cat = a[b.index(ivd)]
+            cat = self.producer.get(cat.inputs[0])
+        if cat is None or cat.kind != "concatenate" or cat.params["dimension"] != dim_in_cat or \
+                any(self.shape(t)[dim_in_cat] != 1 for t in cat.inputs):
+            return None
+        return list(cat.inputs), dim_in_cat
+
+    def gather_along(self, op: Op) -> bool:
+        """A take_along_axis whose batch dims are iota components: JAX's batching form."""
+        if op.kind != "gather" or len(op.inputs) != 2:
+            return False
+        p = op.params
+        operand, idx = op.inputs
+        o_shape = self.shape(operand)
+        o_rank = len(o_shape)
+        smap = tuple(p["start_index_map"])
+        if p["operand_batching_dims"] or p["start_indices_batching_dims"] or \
+                tuple(p["slice_sizes"]) != (1,) * o_rank or len(smap) < 2:
+            return False
+        found = self._index_parts(idx, p["index_vector_dim"])
+        if found is None or len(found[0]) != len(smap):
+            return False
+        parts, cdim = found
+        c_shape = self.shape(parts[0])
+        batch_pos = [e for e in range(len(c_shape)) if e != cdim and c_shape[e] != 1]
+        iotas: dict[int, int] = {}   # operand dim -> the batch position its iota runs along
+        rest = []
+        for part, od in zip(parts, smap):
+            src = self.producer.get(part)
+            if src is not None and src.kind == "iota" and src.params["dimension"] != cdim:
+                iotas[od] = src.params["dimension"]
+            else:
+                rest.append((part, od))
+        if len(rest) != 1:
+            return False
+        part, dim = rest[0]
+        wide = [d for d in range(o_rank) if d != dim and o_shape[d] != 1]
+        # the batch dims, in order, are the other operand dims of size > 1, each
+        # indexed by an iota along it (so in range: no start is clamped)
+        if len(wide) != len(batch_pos) or any(
+                iotas.get(d) != e or c_shape[e] != o_shape[d] for d, e in zip(wide, batch_pos)):
+            return False
+        dtype = self.g.tensors[op.output].dtype
+        it = self.g.tensors[part].dtype
+        bshape = tuple(1 if d == dim else o_shape[d] for d in range(o_rank))
+        j = self.new_op("reshape", [part], bshape + (1,), it, {}, op)
+        others = tuple(d for d in range(o_rank) if d != dim)
+        params = dict(p, offset_dims=(), collapsed_slice_dims=(dim,), start_index_map=(dim,),
+                      operand_batching_dims=others, start_indices_batching_dims=others,
+                      index_vector_dim=o_rank)
+        t = self.new_op("gather", [operand, j], bshape, dtype, params, op)
+        self.new_op("reshape", [t], self.shape(op.output), dtype, {}, op, output=op.output)
+        return True
+
+    # ------------------------------------------------------------------ all-reduce
+    def unit_reshape_into_all_reduce(self, op: Op) -> bool:
+        """A reshape that only adds or drops size-1 dims, of an all-reduce's result, is
+        the all-reduce of the reshape (each rank moves its elements alike and the
+        reduction is position by position; transposes move the same way,
+        simplify_forms.transpose_into_all_reduce). XLA reduces a row max as [n, 1]
+        between two bitcasts; the program reduces it as [n]."""
+        if op.kind != "reshape":
+            return False
+        ar = self.producer.get(op.inputs[0])
+        if ar is None or ar.kind != "all_reduce" or len(ar.inputs) != 1:
+            return False
+        src, dst = self.shape(ar.output), self.shape(op.output)
+        if [n for n in src if n != 1] != [n for n in dst if n != 1]:
+            return False
+        dtype = self.g.tensors[op.output].dtype
+        t = self.new_op("reshape", [ar.inputs[0]], dst, dtype, {}, op)
+        self.new_op("all_reduce", [t], dst, dtype, ar.params, ar, output=op.output)
+        return True
+
+    # ------------------------------------------------------------------ driver
+    def apply(self, op: Op) -> bool:
+        return (self.signed_pow2(op) or self.known_bool_operand(op) or self.gather_along(op)
+                or self.gather_take(op) or self.unit_reshape_into_all_reduce(op))
+
+
+def fold_int_expansions(graph: Graph, ids: IdAllocator, mesh: Mesh | None) -> bool:
+    """Fold XLA's integer rem / div and canonical gathers back (module doc), in one
+    pass (no rule's result is another rule's pattern). Returns whether anything changed."""
+    return _IntForms(graph, ids, mesh).run()
+
+
+__all__ = ["fold_int_expansions"]

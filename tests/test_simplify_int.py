@@ -1,0 +1,251 @@
+"""XLA's integer rem / div by powers of two, known-bool operands, canonical gathers
+and size-1 reshapes of all-reduces, folded back (dlverify/simplify_int.py): each
+rewrite leaves the outputs unchanged on random and edge-case data (the shared
+evaluator, XLA's integer semantics), fires where it should and not elsewhere;
+then the compiled vocab-parallel examples verify and their twins are located."""
+import copy
+
+import numpy as np
+import pytest
+from hlo_pairs import assert_compiled_case_and_twin, example_module
+
+from dlverify.interpret import Interpreter
+from dlverify.ir import Graph, GraphBuilder, IdAllocator
+from dlverify.simplify_int import fold_int_expansions
+
+
+def _graph(build, inputs):
+    """inputs: (shape, dtype) per input."""
+    ids = IdAllocator()
+    g = Graph("g")
+    b = GraphBuilder(g, ids)
+    xs = [b.tensor(s, d, f"in{i}") for i, (s, d) in enumerate(inputs)]
+    g.inputs = list(xs)
+    g.outputs = [build(b, *xs)]
+    return g, ids
+
+
+def _splat(b, value, shape, dtype):
+    c = b.constant(np.asarray(value, dtype=dtype), (), dtype)
+    return b.op("broadcast_in_dim", [c], shape, dtype, {"broadcast_dimensions": ()}) if shape else c
+
+
+def _run(g, ins, ranks=1):
+    vals = Interpreter(g, ranks).run([list(x) if ranks > 1 else [x] for x in ins])
+    return [vals[t] for t in g.outputs]
+
+
+def _check(build, inputs, samples, fires=True, ranks=1):
+    """Fold; the outputs agree with the original's, bit for bit, on every sample (a
+    list of per-input arrays, or per-input per-rank lists when ranks > 1)."""
+    g, ids = _graph(build, inputs)
+    before = copy.deepcopy(g)
+    assert fold_int_expansions(g, ids, None) == fires
+    for ins in samples:
+        for a, b in zip(_run(before, ins, ranks), _run(g, ins, ranks)):
+            for x, y in zip(a, b):
+                np.testing.assert_array_equal(x, y)
+    return g
+
+
+def _edge_ints(dtype, n, rng):
+    info = np.iinfo(dtype)
+    edge = [info.min, info.min + 1, -9, -8, -7, -4, -3, -1, 0, 1, 3, 4, 5, 7, 8, 9, info.max - 1, info.max]
+    rand = rng.integers(info.min, info.max, size=n, endpoint=True)
+    return np.concatenate([np.asarray(edge, dtype=dtype), rand.astype(dtype)])
+
+
+def _signed_pow2(inner_kind, lit, dtype, *, same_test=True, swap=False):
+    """XLA's expansion: select(x < 0, -q, q) with q = |x| <inner_kind> lit."""
+    def build(b, x):
+        shape = b.graph.tensors[x].shape
+        zero = _splat(b, 0, shape, dtype)
+        neg_test = b.op("lt", [x, zero], shape, "bool")
+        absx = b.op("select_n", [neg_test, x, b.op("neg", [x], shape, dtype)], shape, dtype)
+        q = b.op(inner_kind, [absx, _splat(b, lit, shape, dtype)], shape, dtype)
+        test2 = neg_test if same_test else b.op("lt", [x, _splat(b, 0, shape, dtype)], shape, "bool")
+        cases = [q, b.op("neg", [q], shape, dtype)]
+        return b.op("select_n", [test2] + (cases[::-1] if swap else cases), shape, dtype)
+    return build
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int8", "int64"])
+@pytest.mark.parametrize("k", [0, 1, 2, 5])
+def test_signed_rem_and_div_by_a_power_of_two_fold_back(dtype, k):
+    rng = np.random.default_rng(k)
+    xs = _edge_ints(dtype, 200, rng)
+    for kind, lit, op in (("and", (1 << k) - 1, "rem"), ("shift_right_logical", k, "div")):
+        for same in (True, False):   # the sign test computed once or twice
+            g = _check(_signed_pow2(kind, lit, dtype, same_test=same), [(xs.shape, dtype)], [[xs]])
+            kinds = [o.kind for o in g.ops]
+            assert op in kinds and "select_n" not in kinds and "neg" not in kinds, kinds
+    # the folded ops are XLA's truncating rem / div
+    g = _check(_signed_pow2("and", (1 << k) - 1, dtype), [(xs.shape, dtype)], [[xs]])
+    got = _run(g, [xs])[0][0]
+    want = np.fmod(xs.astype(np.int64), 1 << k).astype(dtype)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int8"])
+def test_largest_divisors_that_fit(dtype):
+    bits = np.iinfo(dtype).bits
+    xs = _edge_ints(dtype, 100, np.random.default_rng(1))
+    _check(_signed_pow2("and", (1 << (bits - 2)) - 1, dtype), [(xs.shape, dtype)], [[xs]])
+    _check(_signed_pow2("shift_right_logical", bits - 2, dtype), [(xs.shape, dtype)], [[xs]])
+    # 2^(bits-1) is no value of the dtype: no rem / div by it to fold into
+    _check(_signed_pow2("and", np.iinfo(dtype).max, dtype), [(xs.shape, dtype)], [[xs]], fires=False)
+    _check(_signed_pow2("shift_right_logical", bits - 1, dtype), [(xs.shape, dtype)], [[xs]], fires=False)
+
+
+@pytest.mark.parametrize("build", [
+    _signed_pow2("and", 5, "int32"),                   # not 2^k - 1
+    _signed_pow2("and", -1, "int32"),
+    _signed_pow2("and", 3, "int32", swap=True),        # select(x < 0, q, -q): not a rem
+    _signed_pow2("shift_right_logical", 2, "int32", swap=True),
+    _signed_pow2("shift_right_logical", -1, "int32"),
+])
+def test_other_sign_fixes_stay(build):
+    xs = _edge_ints("int32", 50, np.random.default_rng(2))
+    _check(build, [(xs.shape, "int32")], [[xs]], fires=False)
+
+
+def test_sign_test_of_another_value_stays():
+    def build(b, x, y):
+        shape = b.graph.tensors[x].shape
+        zero = _splat(b, 0, shape, "int32")
+        absx = b.op("select_n", [b.op("lt", [x, zero], shape, "bool"), x, b.op("neg", [x], shape, "int32")],
+                    shape, "int32")
+        q = b.op("and", [absx, _splat(b, 3, shape, "int32")], shape, "int32")
+        return b.op("select_n", [b.op("lt", [y, zero], shape, "bool"), q, b.op("neg", [q], shape, "int32")],
+                    shape, "int32")
+    rng = np.random.default_rng(3)
+    xs, ys = _edge_ints("int32", 30, rng), _edge_ints("int32", 30, rng)[::-1].copy()
+    _check(build, [(xs.shape, "int32"), (ys.shape, "int32")], [[xs, ys]], fires=False)
+
+
+@pytest.mark.parametrize("kind, value, fires", [
+    ("ne", False, True), ("eq", True, True), ("and", True, True), ("or", False, True),
+    ("ne", True, True), ("eq", False, True), ("and", False, False), ("or", True, False),
+])
+def test_known_bool_operands(kind, value, fires):
+    """ne(p, V < 0) with V < 0 computed from literals (the floor-mod fix-up)."""
+    def build(b, x):
+        shape = b.graph.tensors[x].shape
+        p = b.op("lt", [x, _splat(b, 0, shape, "int32")], shape, "bool")
+        v = b.constant(np.asarray(-4 if value else 4, dtype=np.int32), (), "int32")
+        known = b.op("lt", [v, b.constant(np.asarray(0, dtype=np.int32), (), "int32")], (), "bool")
+        known = b.op("broadcast_in_dim", [known], shape, "bool", {"broadcast_dimensions": ()})
+        return b.op(kind, [known, p], shape, "bool")
+    xs = _edge_ints("int32", 30, np.random.default_rng(4))
+    g = _check(build, [(xs.shape, "int32")], [[xs]], fires=fires)
+    if fires:
+        assert kind not in [o.kind for o in g.ops if g.tensors[o.output].shape == xs.shape]
+
+
+GATHER = dict(operand_batching_dims=(), start_indices_batching_dims=(), indices_are_sorted=False)
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2])
+def test_canonical_take_folds_into_jax_form(dim):
+    """XLA's take: the unit slice dim kept, batch dims first (offset_dims after them)."""
+    o_shape, n = (3, 4, 2), 5
+
+    def build(b, x, i):
+        slices = tuple(1 if d == dim else o_shape[d] for d in range(3))
+        out = (n,) + slices
+        return b.op("gather", [x, i], out, "float32",
+                    dict(GATHER, offset_dims=(1, 2, 3), collapsed_slice_dims=(), start_index_map=(dim,),
+                         index_vector_dim=1, slice_sizes=slices))
+    rng = np.random.default_rng(dim)
+    samples = []
+    for _ in range(3):   # out-of-range indices too: both forms clamp the start alike
+        idx = rng.integers(-3, o_shape[dim] + 3, size=(n, 1)).astype(np.int32)
+        samples.append([rng.standard_normal(o_shape).astype(np.float32), idx])
+    g = _check(build, [(o_shape, "float32"), ((n, 1), "int32")], samples)
+    gathers = [o for o in g.ops if o.kind == "gather"]
+    assert len(gathers) == 1 and gathers[0].params["collapsed_slice_dims"] == (dim,)
+
+
+def _along(o_shape, iota_dim_size=None, iota_dim=0):
+    """XLA's take_along_axis of the last dim: index columns (iota over the batch, j)."""
+    m = o_shape[0]
+    bsz = iota_dim_size or m
+
+    def build(b, x, j):
+        io = b.op("iota", [], (bsz, 1, 1), "int32", {"dimension": iota_dim})
+        j3 = b.op("reshape", [j], (bsz, 1, 1), "int32")
+        cat = b.op("concatenate", [io, j3], (bsz, 1, 2), "int32", {"dimension": 2})
+        idx = b.op("reshape", [cat], (bsz, 2), "int32")
+        return b.op("gather", [x, idx], (bsz, 1, 1), "float32",
+                    dict(GATHER, offset_dims=(1, 2), collapsed_slice_dims=(), start_index_map=(0, 1),
+                         index_vector_dim=1, slice_sizes=(1, 1)))
+    return build, bsz
+
+
+def test_the_evaluator_gathers_along_batching_dims_as_take_along_axis():
+    """JAX's take_along_axis form (its params as jax lowers them): numpy's
+    take_along_axis of the clamped indices."""
+    def build(b, x, j):
+        return b.op("gather", [x, j], (6, 3), "float32",
+                    dict(GATHER, offset_dims=(), collapsed_slice_dims=(1,), start_index_map=(1,),
+                         operand_batching_dims=(0,), start_indices_batching_dims=(0,),
+                         index_vector_dim=2, slice_sizes=(1, 1)))
+    g, _ = _graph(build, [((6, 5), "float32"), ((6, 3, 1), "int32")])
+    rng = np.random.default_rng(9)
+    x, j = rng.standard_normal((6, 5)).astype(np.float32), rng.integers(-3, 9, size=(6, 3, 1)).astype(np.int32)
+    want = np.take_along_axis(x, np.clip(j[..., 0], 0, 4), axis=1)
+    np.testing.assert_array_equal(_run(g, [x, j])[0][0], want)
+
+
+def test_canonical_take_along_axis_folds_into_batching_form():
+    o_shape = (6, 5)
+    build, m = _along(o_shape)
+    rng = np.random.default_rng(5)
+    samples = [[rng.standard_normal(o_shape).astype(np.float32),
+                rng.integers(-2, 8, size=(m,)).astype(np.int32)] for _ in range(3)]
+    g = _check(build, [(o_shape, "float32"), ((m,), "int32")], samples)
+    gathers = [o for o in g.ops if o.kind == "gather"]
+    assert len(gathers) == 1 and gathers[0].params["operand_batching_dims"] == (0,)
+
+
+@pytest.mark.parametrize("size, iota_dim", [(4, 0), (8, 0), (6, 1)])
+def test_take_along_axis_whose_iota_is_not_the_batch_stays(size, iota_dim):
+    """An iota over fewer or more rows than the operand has (clamped, or not every row),
+    or along a size-1 dim (all zeros): not a batching dim."""
+    o_shape = (6, 5)
+    build, m = _along(o_shape, size, iota_dim)
+    rng = np.random.default_rng(6)
+    samples = [[rng.standard_normal(o_shape).astype(np.float32),
+                rng.integers(0, 5, size=(m,)).astype(np.int32)]]
+    _check(build, [(o_shape, "float32"), ((m,), "int32")], samples, fires=False)
+
+
+@pytest.mark.parametrize("reducer", ["sum", "max"])
+def test_unit_reshape_of_all_reduce_moves_before_it(reducer):
+    def build(b, x):
+        r = b.op("reshape", [x], (8, 1), "float32")
+        ar = b.op("all_reduce", [r], (8, 1), "float32", {"reducer": reducer, "groups": [[0, 1]]})
+        return b.op("reshape", [ar], (8,), "float32")
+    rng = np.random.default_rng(7)
+    samples = [[[rng.standard_normal(8).astype(np.float32) for _ in range(2)]] for _ in range(3)]
+    g = _check(build, [((8,), "float32")], samples, ranks=2)
+    assert [o.kind for o in g.ops][-1] == "all_reduce"
+
+
+def test_regrouping_reshape_of_all_reduce_stays():
+    def build(b, x):
+        ar = b.op("all_reduce", [x], (8,), "float32", {"reducer": "sum", "groups": [[0, 1]]})
+        return b.op("reshape", [ar], (2, 4), "float32")
+    rng = np.random.default_rng(8)
+    _check(build, [((8,), "float32")], [[[rng.standard_normal(8).astype(np.float32)] * 2]],
+           fires=False, ranks=2)
+
+
+# ------------------------------------------------------------------ compiled examples
+
+def test_compiled_vocab_parallel_embedding_verifies_and_its_twins_are_located(tmp_path):
+    vp = example_module("vocab_parallel")
+    assert_compiled_case_and_twin(tmp_path, vp.vocab_parallel_embedding_xent(),
+                                  vp.vocab_parallel_bug_embedding_mask_off_by_one(), dumped=True)
+    assert_compiled_case_and_twin(tmp_path, vp.vocab_parallel_embedding_xent(),
+                                  vp.vocab_parallel_bug_target_logit_not_reduced(), dumped=True)
