@@ -79,7 +79,8 @@ import numpy as np
 from dlverify.ir import FoldedOp, Graph, IdAllocator, Op
 from dlverify.ops.table import KINDS, Family
 from dlverify.rewrites import _drop_newly_dead, _unused
-from dlverify.simplify_forms import _FormRules, _merge_groups
+from dlverify.simplify_forms import _merge_groups
+from dlverify.simplify_moves import _MoveRules
 from dlverify.simplify_sink import _SinkRules
 
 # op kind -> (neutral value, operand positions it may take)
@@ -93,10 +94,10 @@ _NEUTRAL: dict[str, tuple[float, tuple[int, ...]]] = {
 _PASSES = 16
 
 
-class _Simplifier(_FormRules, _SinkRules):
+class _Simplifier(_MoveRules, _SinkRules):
     """One pass (`run`) in op order, so every producer is seen before its readers;
     op creation, aliases and folds as in rewrites._Rewriter; the rules of
-    dlverify/simplify_forms.py and dlverify/simplify_sink.py too."""
+    dlverify/simplify_forms.py, simplify_sink.py and simplify_moves.py too."""
 
     # -- the rewrites: each returns True when it replaced `op` --------------
     def neutral(self, op: Op) -> bool:
@@ -513,7 +514,8 @@ class _Simplifier(_FormRules, _SinkRules):
                     or self.free_merge_under_transpose(op)
                     or self.sink_dot_reshape(op) or self.split_contraction(op)
                     or self.negated_sum(op) or self.masked_neg(op)
-                    or self.reduce_of_reshape(op) or self.common_value(op)):
+                    or self.reduce_of_reshape(op) or self.moves(op)
+                    or self.common_value(op)):
                 changed = True
                 continue
             self.out.append(op)

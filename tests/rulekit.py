@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dlverify.api import verify_problem
+from dlverify.engine import souffle_runner
 from dlverify.ir import Graph, GraphBuilder, IdAllocator, Mesh
 from dlverify.numeric import padded_view_error, partial_sum_errors, run_both, view_error
 from dlverify.problem import Problem
@@ -90,6 +91,15 @@ class Derived:
 
     def offsets(self, s: int, d: int, rank: int, complete: bool = True) -> set[tuple[int, ...]]:
         return {v.offsets for v in self.views(s, d, rank) if not complete or v.complete}
+
+
+def assert_engines_agree(problem: Problem, monkeypatch) -> None:
+    """Soufflé (interpreted: one tiny program, no compile) and clingo both verify
+    `problem` and derive the same views."""
+    monkeypatch.setenv(souffle_runner.MODE_ENV, "interpreted")
+    by_engine = {e: verify_problem(problem, engine=e) for e in ("clingo", "souffle")}
+    assert by_engine["souffle"].verified and by_engine["clingo"].verified
+    assert set(by_engine["souffle"].views) == set(by_engine["clingo"].views)
 
 
 def assert_views_hold(problem: Problem, views: list[ViewFact], seeds: tuple[int, ...] = (0, 1),
