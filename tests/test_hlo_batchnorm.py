@@ -19,7 +19,7 @@ from dlverify.ir import IdAllocator  # noqa: E402
 EPS = 1e-3
 ALL_THREE = f"""HloModule m
 
-ENTRY %main (x: f32[4,3,5], s: f32[3], o: f32[3], dy: f32[4,3,5]) -> f32[4,3,5] {{
+ENTRY %main (x: f32[4,3,5], s: f32[3], o: f32[3], dy: f32[4,3,5]) -> (f32[4,3,5], f32[3], f32[3], f32[4,3,5], f32[4,3,5], f32[3], f32[3]) {{
   %x = f32[4,3,5]{{2,1,0}} parameter(0)
   %s = f32[3]{{0}} parameter(1)
   %o = f32[3]{{0}} parameter(2)

@@ -663,7 +663,7 @@ fused (p0: f32[2], p1: f32[2]) -> f32[2] {
   ROOT m = f32[2]{0} multiply(p0, p1)
 }
 
-helper (q: f32[2]) -> (f32[2], s32[2]) {
+helper (q: f32[2]) -> (f16[2], s32[2]) {
   q = f32[2]{0} parameter(0)
   h = f16[2]{0} convert(q)
   i = s32[2]{0} convert(q)

@@ -64,7 +64,7 @@ def test_well_formed_twins_pass():
   ROOT %s = f32[] add(%a, %b)
 }
 
-ENTRY %main () -> f32[] {
+ENTRY %main {
   %x = f32[4,8]{1,0} parameter(0)
   %y = f32[8,5]{1,0} parameter(1)
   %i = s32[3,1]{1,0} parameter(2)

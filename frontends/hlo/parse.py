@@ -136,6 +136,69 @@ def _operand_name(tok: str) -> str:
     return last[1:] if last.startswith("%") else last
 
 
+def _parse_signature(c: Cursor) -> tuple[list[HloShape], HloShape] | None:
+    """The `(name: shape, ...) -> shape` after a computation's name (None when the
+    header prints none): its parameter shapes in order and its result shape."""
+    c.ws()
+    if not c.eat("("):
+        return None
+    params: list[HloShape] = []
+    c.ws()
+    if not c.eat(")"):
+        while True:
+            c.ws()
+            if c.regex(NAME) is None:
+                raise c.error("bad computation signature: expected a parameter name")
+            c.ws()
+            c.expect(":", "':' after a parameter name in the computation signature")
+            params.append(parse_shape(c))
+            c.ws()
+            if c.eat(")"):
+                break
+            c.expect(",", "',' or ')' in the computation signature")
+    c.ws()
+    c.expect("->", "'->' and the result shape in the computation signature")
+    return params, parse_shape(c)
+
+
+def _same_shape(a: HloShape, b: HloShape) -> bool:
+    """Equal element types and dims, tuples element by element (layouts aside)."""
+    if a.is_tuple or b.is_tuple:
+        return a.is_tuple and b.is_tuple and len(a.elements) == len(b.elements) and \
+            all(_same_shape(x, y) for x, y in zip(a.elements, b.elements))
+    return a.dtype == b.dtype and a.dims == b.dims
+
+
+def _shape_text(s: HloShape) -> str:
+    if s.is_tuple:
+        return "(" + ", ".join(_shape_text(e) for e in s.elements) + ")"
+    return f"{s.dtype}[{','.join(map(str, s.dims))}]"
+
+
+def _check_signature(cname: str, signature: tuple[list[HloShape], HloShape],
+                     instrs: list[HloInstruction], root: HloInstruction, file: str,
+                     line: int) -> None:
+    """The header's signature must be the one the body has (XLA rejects a module
+    whose computation says one thing and does another): as many parameters, each of
+    its declared shape, and the ROOT's shape as the result."""
+    params, result = signature
+    body = {}
+    for ins in instrs:
+        if ins.opcode == "parameter" and ins.raw_operands.strip().isdigit():
+            body[int(ins.raw_operands.strip())] = ins
+    if len(body) != len(params):
+        raise InputError(f"computation {cname}: its signature has {len(params)} parameters, its "
+                         f"body {len(body)}", file, line)
+    for k, shape in enumerate(params):
+        ins = body.get(k)
+        if ins is not None and not _same_shape(ins.shape, shape):
+            raise InputError(f"computation {cname}: parameter {k} is {_shape_text(shape)} in the "
+                             f"signature but {ins.name} is {_shape_text(ins.shape)}", file, ins.line)
+    if not _same_shape(root.shape, result):
+        raise InputError(f"computation {cname}: the signature returns {_shape_text(result)} but "
+                         f"ROOT {root.name} is {_shape_text(root.shape)}", file, root.line)
+
+
 def _parse_instruction(text: str, file: str, line: int) -> HloInstruction:
     c = Cursor(text, file, line)
     is_root = False
@@ -260,6 +323,7 @@ def parse_hlo_module(text: str, file: str) -> HloModule:
     tables = FrameTables()
     comps: dict[str, HloComputation] = {}
     entry_name: str | None = None
+    signatures: list = []   # (name, signature, instructions, root, line) of each computation
     table: str | None = None
 
     def logical(start: int) -> tuple[str, int]:
@@ -311,6 +375,7 @@ def parse_hlo_module(text: str, file: str) -> HloModule:
         if cname is None:
             raise InputError(f"bad computation header {stripped[:60]!r}", file, comp_line)
         cname = cname.lstrip("%")
+        signature = _parse_signature(hc)
         i += 1
         instrs: list[HloInstruction] = []
         closed = False
@@ -349,6 +414,8 @@ def parse_hlo_module(text: str, file: str) -> HloModule:
         order = _toposort(cname, instrs, file)
         if cname in comps:
             raise InputError(f"computation {cname} defined twice", file, comp_line)
+        if signature is not None:
+            signatures.append((cname, signature, order, root, comp_line))
         comps[cname] = HloComputation(cname, order, seen, root, comp_line, is_entry)
         if is_entry:
             if entry_name is not None:
@@ -375,6 +442,8 @@ def parse_hlo_module(text: str, file: str) -> HloModule:
     module = HloModule(mname.lstrip("%"), file, attrs, comps, entry, tables)
     _check_rank_counts(module, header_line)
     validate_module(module)
+    for cname, signature, order, root, comp_line in signatures:   # after the instructions' own checks
+        _check_signature(cname, signature, order, root, file, comp_line)
     return module
 
 

@@ -137,6 +137,10 @@ def _permute(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputati
     for a, b in pairs:
         if not (0 <= a < L.ranks and 0 <= b < L.ranks):
             raise L.err(ins, f"source_target_pairs {{{a},{b}}} outside the {L.ranks} ranks")
+    for end, ranks in (("source", [a for a, _ in pairs]), ("target", [b for _, b in pairs])):
+        twice = sorted({r for r in ranks if ranks.count(r) > 1})
+        if twice:   # XLA's verifier rejects it: a rank would send (or receive) two values
+            raise L.err(ins, f"source_target_pairs name {end} {twice[0]} more than once")
     if len(ops) != 1:
         raise L.unknown(ins, "collective-permute with several operands (in-place form)")
     result = ins.shape

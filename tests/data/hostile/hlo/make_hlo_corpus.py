@@ -37,7 +37,7 @@ class HloCase:
 def entry(*body: str, header: str = "HloModule m", before: str = "") -> str:
     """A module: header, optional computations, then ENTRY with `body` lines."""
     return "\n".join([header, "", *([before] if before else []),
-                      "ENTRY %main () -> f32[] {", *body, "}", ""])
+                      "ENTRY %main {", *body, "}", ""])   # no signature: each case has one fault
 
 
 ADD = """%add (a: f32[], b: f32[]) -> f32[] {
@@ -199,6 +199,16 @@ CASES = [
     HloCase("recursive_call.hlo", entry(P8, "  ROOT %c = f32[8]{0} call(%p), to_apply=%loop",
             before="%loop (x: f32[8]) -> f32[8] {\n  %x = f32[8]{0} parameter(0)\n"
                    "@@  ROOT %c = f32[8]{0} call(%x), to_apply=%loop\n}\n"), "levels deep", ("--ranks", "2")),
+    HloCase("collective_permute_twice.hlo", entry(P8, "@@  ROOT %c = f32[8]{0} collective-permute(%p), "
+            "source_target_pairs={{0,1},{1,0},{0,0}}", header="HloModule m, num_partitions=2"),
+            "source 0 more than once"),
+    # the computation's signature against its body
+    HloCase("signature_parameter_shape.hlo", "HloModule m\n\nENTRY %main (p: f32[4]) -> f32[8] {\n"
+            "@@  ROOT %p = f32[8]{0} parameter(0)\n}\n", "parameter 0 is float32[4] in the signature"),
+    HloCase("signature_parameter_count.hlo", "HloModule m\n\n@@ENTRY %main () -> f32[8] {\n"
+            "  ROOT %p = f32[8]{0} parameter(0)\n}\n", "its signature has 0 parameters, its body 1"),
+    HloCase("signature_result.hlo", "HloModule m\n\nENTRY %main (p: f32[8]) -> f32[] {\n"
+            "@@  ROOT %p = f32[8]{0} parameter(0)\n}\n", "the signature returns float32[]"),
     # sizes and limits
     HloCase("num_partitions_huge.hlo", "@@HloModule m, num_partitions=99999999999\n\nENTRY %main () -> f32[] {\n"
             "  ROOT %c = f32[] constant(1)\n}\n", "supported maximum"),
