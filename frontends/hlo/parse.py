@@ -136,9 +136,10 @@ def _operand_name(tok: str) -> str:
     return last[1:] if last.startswith("%") else last
 
 
-def _parse_signature(c: Cursor) -> tuple[list[HloShape], HloShape] | None:
+def _parse_signature(c: Cursor, named: bool = True) -> tuple[list[HloShape], HloShape] | None:
     """The `(name: shape, ...) -> shape` after a computation's name (None when the
-    header prints none): its parameter shapes in order and its result shape."""
+    header prints none), or with `named` False the `(shape, ...) -> shape` of the
+    module's entry_computation_layout: the parameter shapes in order and the result."""
     c.ws()
     if not c.eat("("):
         return None
@@ -147,10 +148,11 @@ def _parse_signature(c: Cursor) -> tuple[list[HloShape], HloShape] | None:
     if not c.eat(")"):
         while True:
             c.ws()
-            if c.regex(NAME) is None:
-                raise c.error("bad computation signature: expected a parameter name")
-            c.ws()
-            c.expect(":", "':' after a parameter name in the computation signature")
+            if named:
+                if c.regex(NAME) is None:
+                    raise c.error("bad computation signature: expected a parameter name")
+                c.ws()
+                c.expect(":", "':' after a parameter name in the computation signature")
             params.append(parse_shape(c))
             c.ws()
             if c.eat(")"):
@@ -177,10 +179,12 @@ def _shape_text(s: HloShape) -> str:
 
 def _check_signature(cname: str, signature: tuple[list[HloShape], HloShape],
                      instrs: list[HloInstruction], root: HloInstruction, file: str,
-                     line: int) -> None:
+                     line: int, at_line: bool = False) -> None:
     """The header's signature must be the one the body has (XLA rejects a module
     whose computation says one thing and does another): as many parameters, each of
-    its declared shape, and the ROOT's shape as the result."""
+    its declared shape, and the ROOT's shape as the result. A mismatch is reported at
+    the parameter or ROOT it concerns, or with `at_line` at `line` (the module header's
+    entry_computation_layout: the header is what is wrong there)."""
     params, result = signature
     body = {}
     for ins in instrs:
@@ -193,10 +197,12 @@ def _check_signature(cname: str, signature: tuple[list[HloShape], HloShape],
         ins = body.get(k)
         if ins is not None and not _same_shape(ins.shape, shape):
             raise InputError(f"computation {cname}: parameter {k} is {_shape_text(shape)} in the "
-                             f"signature but {ins.name} is {_shape_text(ins.shape)}", file, ins.line)
+                             f"signature but {ins.name} is {_shape_text(ins.shape)}", file,
+                             line if at_line else ins.line)
     if not _same_shape(root.shape, result):
         raise InputError(f"computation {cname}: the signature returns {_shape_text(result)} but "
-                         f"ROOT {root.name} is {_shape_text(root.shape)}", file, root.line)
+                         f"ROOT {root.name} is {_shape_text(root.shape)}", file,
+                         line if at_line else root.line)
 
 
 def _parse_instruction(text: str, file: str, line: int) -> HloInstruction:
@@ -444,6 +450,12 @@ def parse_hlo_module(text: str, file: str) -> HloModule:
     validate_module(module)
     for cname, signature, order, root, comp_line in signatures:   # after the instructions' own checks
         _check_signature(cname, signature, order, root, file, comp_line)
+    layout = attrs.get("entry_computation_layout")
+    if layout is not None:   # the header's copy of the ENTRY signature
+        lc = Cursor(layout.strip().removeprefix("{").removesuffix("}"), file, header_line)
+        _check_signature(f"{entry.name} (entry_computation_layout of the header)",
+                         _parse_signature(lc, named=False) or ([], HloShape("tuple")),
+                         entry.instructions, entry.root, file, header_line, at_line=True)
     return module
 
 

@@ -209,6 +209,8 @@ CASES = [
             "  ROOT %p = f32[8]{0} parameter(0)\n}\n", "its signature has 0 parameters, its body 1"),
     HloCase("signature_result.hlo", "HloModule m\n\nENTRY %main (p: f32[8]) -> f32[] {\n"
             "@@  ROOT %p = f32[8]{0} parameter(0)\n}\n", "the signature returns float32[]"),
+    HloCase("entry_layout.hlo", "@@HloModule m, entry_computation_layout={(f32[4]{0})->f32[8]{0}}\n\n"
+            "ENTRY %main {\n  ROOT %p = f32[8]{0} parameter(0)\n}\n", "parameter 0 is float32[4]"),
     # sizes and limits
     HloCase("num_partitions_huge.hlo", "@@HloModule m, num_partitions=99999999999\n\nENTRY %main () -> f32[] {\n"
             "  ROOT %c = f32[] constant(1)\n}\n", "supported maximum"),
