@@ -402,9 +402,13 @@ class _Graph:
 
 
 def _splice(g: Graph, before: dict[int, list[Op]], replaced: set[int]) -> None:
-    """New ops go right before the op they replace (inputs are all earlier)."""
+    """New ops go right before the op they replace (inputs are all earlier). The new
+    ops' own tensors are not the program's dead values: a one-hot rebuilt for a
+    product that another rewrite then replaced goes with the old one."""
     uses = _uses(g)
-    unused_before = {t for t in g.tensors if uses[t] == 0}
+    fresh = {o.output for ops in before.values() for o in ops} - \
+        {op.output for op in g.ops if op.id in replaced}
+    unused_before = {t for t in g.tensors if uses[t] == 0 and t not in fresh}
     ops = []
     for op in g.ops:
         ops.extend(before.get(op.id, []))

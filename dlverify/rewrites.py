@@ -225,21 +225,24 @@ def rewrite(problem: Problem) -> None:
     from dlverify.const_layout import fold_constant_layouts
     from dlverify.cse import merge_common_values
     from dlverify.masked_gather import rewrite_masked_gathers   # imports this module
+    from dlverify.passes import share_nullary
     from dlverify.rounded_reciprocal import match_rounded_reciprocals
     from dlverify.resharding import rewrite_reshardings
     from dlverify.simplify import simplify_graph
     from dlverify.simplify_int import fold_int_expansions
     from dlverify.softmax_form import canonical_softmaxes
-    if problem.normal_form:   # XLA's integer rem / div and gathers, as the programs wrote them
-        fold_int_expansions(problem.seq, problem.ids, None)
-        fold_int_expansions(problem.dist, problem.ids, problem.mesh)
-    rewrite_masked_gathers(problem)
     unused = [_unused(problem.seq), _unused(problem.dist)]
     if problem.normal_form:   # compiled modules recompute values per fusion (dlverify/cse.py)
+        # XLA's integer rem / div and gathers as the programs wrote them (simplify_int.py),
+        # and values merged, before the masked gathers are matched across fusions
+        fold_int_expansions(problem.seq, problem.ids, None)
+        fold_int_expansions(problem.dist, problem.ids, problem.mesh)
         match_rounded_reciprocals(problem.seq, problem.dist, problem.ids, problem.assumptions)
         for g, before in zip((problem.seq, problem.dist), unused):
+            share_nullary(g)   # (equal literals of two fusions: one tensor, so their readers merge)
             if fold_constant_layouts(g) | bool(merge_common_values(g)):
                 _drop_newly_dead(g, before)
+    rewrite_masked_gathers(problem)
     if rewrite_reshardings(problem):
         _drop_newly_dead(problem.dist, unused[1])
     if canonical_softmaxes(problem.seq, problem.dist, problem.ids):

@@ -47,12 +47,56 @@ gathers are matched.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from dlverify.ir import Graph, IdAllocator, Mesh, Op
 from dlverify.ops.dtypes import exact_dtype
 from dlverify.passes import fold
 from dlverify.rewrites import _Rewriter
+
+
+def index_parts(producer: dict[int, Op], shape: Callable[[int], tuple[int, ...]], idx: int,
+                ivd: int) -> tuple[list[int], int, dict[int, int]] | None:
+    """Index tensor idx as a concatenate of parts along the dim its index vector dim
+    ivd is, directly or through a reshape that only adds or drops size-1 dims:
+    (parts, concatenated dim, where each dim of size > 1 of the parts lies in idx).
+    Each part has size 1 along the concatenated dim: part k is column k."""
+    cat, i_shape = producer.get(idx), shape(idx)
+    where = {d: d for d in range(len(i_shape))}
+    if cat is not None and cat.kind == "reshape":
+        src = shape(cat.inputs[0])
+        a = [d for d, n in enumerate(src) if n != 1]
+        b = [d for d, n in enumerate(i_shape) if n != 1]
+        if [src[d] for d in a] != [i_shape[d] for d in b]:
+            return None
+        where = dict(zip(a, b))
+        cat = producer.get(cat.inputs[0])
+    if cat is None or cat.kind != "concatenate":
+        return None
+    cdim = cat.params["dimension"]
+    if where.get(cdim) != ivd or any(shape(t)[cdim] != 1 for t in cat.inputs):
+        return None
+    return list(cat.inputs), cdim, where
+
+
+def iota_columns(producer: dict[int, Op], shape: Callable[[int], tuple[int, ...]], idx: int,
+                 ivd: int) -> dict[int, int]:
+    """{k: d}: column k of index tensor idx (component k along ivd) is an iota along
+    idx's dim d (a dim of size > 1): its value at every index position is the
+    position along d."""
+    found = index_parts(producer, shape, idx, ivd)
+    if found is None:
+        return {}
+    parts, cdim, where = found
+    out = {}
+    for k, part in enumerate(parts):
+        src = producer.get(part)
+        if src is not None and src.kind == "iota" and src.params["dimension"] in where and \
+                src.params["dimension"] != cdim:
+            out[k] = where[src.params["dimension"]]
+    return out
 
 
 class _IntForms(_Rewriter):
@@ -201,25 +245,6 @@ class _IntForms(_Rewriter):
         self.new_op("reshape", [t], self.shape(op.output), dtype, {}, op, output=op.output)
         return True
 
-    def _index_parts(self, idx: int, ivd: int) -> tuple[list[int], int] | None:
-        """The index as a concatenate of parts along the dim the index vector dim is,
-        directly or through a reshape that only adds or drops size-1 dims: (parts,
-        concatenated dim). Each part has size 1 there."""
-        cat, i_shape = self.producer.get(idx), self.shape(idx)
-        dim_in_cat = ivd
-        if cat is not None and cat.kind == "reshape":
-            src = self.shape(cat.inputs[0])
-            a = [d for d, n in enumerate(src) if n != 1]
-            b = [d for d, n in enumerate(i_shape) if n != 1]
-            if [src[d] for d in a] != [i_shape[d] for d in b] or ivd not in b:
-                return None
-            dim_in_cat = a[b.index(ivd)]
-            cat = self.producer.get(cat.inputs[0])
-        if cat is None or cat.kind != "concatenate" or cat.params["dimension"] != dim_in_cat or \
-                any(self.shape(t)[dim_in_cat] != 1 for t in cat.inputs):
-            return None
-        return list(cat.inputs), dim_in_cat
-
     def gather_along(self, op: Op) -> bool:
         """A take_along_axis whose batch dims are iota components: JAX's batching form."""
         if op.kind != "gather" or len(op.inputs) != 2:
@@ -232,10 +257,10 @@ class _IntForms(_Rewriter):
         if p["operand_batching_dims"] or p["start_indices_batching_dims"] or \
                 tuple(p["slice_sizes"]) != (1,) * o_rank or len(smap) < 2:
             return False
-        found = self._index_parts(idx, p["index_vector_dim"])
+        found = index_parts(self.producer, self.shape, idx, p["index_vector_dim"])
         if found is None or len(found[0]) != len(smap):
             return False
-        parts, cdim = found
+        parts, cdim, _ = found
         c_shape = self.shape(parts[0])
         batch_pos = [e for e in range(len(c_shape)) if e != cdim and c_shape[e] != 1]
         iotas: dict[int, int] = {}   # operand dim -> the batch position its iota runs along
@@ -287,10 +312,22 @@ class _IntForms(_Rewriter):
         self.new_op("all_reduce", [t], dst, dtype, ar.params, ar, output=op.output)
         return True
 
+    # ------------------------------------------------------------------ whole slices
+    def whole_slice(self, op: Op) -> bool:
+        """A slice from 0 to the end of every dim, stride 1, is its operand (the HLO
+        frontend cuts a scatter's one index column out of the indices so)."""
+        if op.kind != "slice":
+            return False
+        p, shape = op.params, self.shape(op.inputs[0])
+        if any(p["start_indices"]) or tuple(p["limit_indices"]) != shape or \
+                any(s != 1 for s in (p.get("strides") or ())) or shape != self.shape(op.output):
+            return False
+        return self.fold(op, op.inputs[0])
+
     # ------------------------------------------------------------------ driver
     def apply(self, op: Op) -> bool:
         return (self.signed_pow2(op) or self.known_bool_operand(op) or self.gather_along(op)
-                or self.gather_take(op) or self.unit_reshape_into_all_reduce(op))
+                or self.gather_take(op) or self.unit_reshape_into_all_reduce(op) or self.whole_slice(op))
 
 
 def fold_int_expansions(graph: Graph, ids: IdAllocator, mesh: Mesh | None) -> bool:

@@ -5,6 +5,7 @@ evaluator, XLA's integer semantics), fires where it should and not elsewhere;
 then the compiled vocab-parallel examples verify and their twins are located."""
 import copy
 
+import jax
 import numpy as np
 import pytest
 from hlo_pairs import assert_compiled_case_and_twin, example_module
@@ -239,6 +240,39 @@ def test_regrouping_reshape_of_all_reduce_stays():
     rng = np.random.default_rng(8)
     _check(build, [((8,), "float32")], [[[rng.standard_normal(8).astype(np.float32)] * 2]],
            fires=False, ranks=2)
+
+
+def test_whole_slice_is_its_operand():
+    def build(b, x):
+        s = b.op("slice", [x], (8, 1), "int32", {"start_indices": (0, 0), "limit_indices": (8, 1),
+                                                  "strides": None})
+        return b.op("add", [s, s], (8, 1), "int32")
+    xs = _edge_ints("int32", 0, np.random.default_rng(10))[:8].reshape(8, 1)
+    g = _check(build, [((8, 1), "int32")], [[xs]])
+    assert "slice" not in [o.kind for o in g.ops]
+    _check(lambda b, x: b.op("slice", [x], (4, 1), "int32", {
+        "start_indices": (4, 0), "limit_indices": (8, 1), "strides": None}), [((8, 1), "int32")],
+        [[xs]], fires=False)
+
+
+def test_compiled_take_along_axis_transpose_batches_its_iota_column():
+    """XLA's scatter-add with an iota index column (take_along_axis's transpose after
+    optimisations) is lowered with that column as a batch dim of the one-hot
+    contraction; it computes what JAX computes (evaluator vs jax, with repeated
+    and out-of-range indices)."""
+    from test_hlo_scatter_add import _vjp, hlo_text, lower, run
+    fn = _vjp(lambda w, i: jax.numpy.take_along_axis(w, i, axis=1))   # one pick per row
+    rng = np.random.default_rng(11)
+    i = rng.integers(0, 6, (5, 1)).astype(np.int32)
+    i[-1, 0] = 9                                                        # out of range: dropped
+    args = (rng.standard_normal((5, 6)).astype(np.float32), i,
+            rng.standard_normal((5, 1)).astype(np.float32))
+    text = hlo_text(fn, *args, stage="post")
+    assert "iota" in text and " scatter(" in text
+    g, _ = lower(text)
+    assert any(o.kind == "dot_general" and o.params["lhs_batch"] for o in g.ops)
+    (got,), want = run(g, *args), np.asarray(jax.jit(fn)(*args))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
 # ------------------------------------------------------------------ compiled examples

@@ -77,6 +77,37 @@ def _in_range(known: np.ndarray | None, ivd: int, K: tuple[int, ...],
     return all(((v[..., j] >= 0) & (v[..., j] < O[k])).all() for j, k in enumerate(K))
 
 
+def _iota_columns_batched(L: Lowerer, ins: HloInstruction, idx: int, ivd: int, K: list[int],
+                          b_op: list[int], b_idx: list[int], O: tuple[int, ...],
+                          I: tuple[int, ...], loc: SourceLoc):
+    """XLA writes a batching dim as an index column that is an iota along an index
+    batch dim of the operand dim's size (dlverify/simplify_int.iota_columns): each
+    update then lands at its own position of that dim, which is what a batching
+    dim says. Such a column becomes a batching dim (a batch dim of the dot) instead
+    of a one-hot factor [s_d == j] contracted over s (the same sum: one term per
+    j, all in range), as the module before optimisations writes it. Returns the
+    new (K, b_op, b_idx, index columns), the columns None when no column is an iota;
+    a window of size 1 left for the dim is dropped. The columns kept are the
+    concatenated parts (reshaped to the index batch shape), not cut out of the
+    indices, so that the rules see the index they were built from."""
+    from dlverify.simplify_int import index_parts, iota_columns
+
+    if ivd >= len(I):
+        return K, b_op, b_idx, None
+    producer = {op.output: op for op in L.b.graph.ops}
+    found = iota_columns(producer, L.shape_of, idx, ivd)
+    taken = {k: d for k, d in found.items()
+             if O[K[k]] == I[d] and d not in b_idx and d != ivd}
+    if not taken or len(taken) == len(K):   # (one column stays: the scattered dim)
+        return K, b_op, b_idx, None
+    parts = index_parts(producer, L.shape_of, idx, ivd)[0]
+    keep = [k for k in range(len(K)) if k not in taken]
+    batch = I[:ivd] + I[ivd + 1:]
+    cols = [L.emit("reshape", [parts[k]], batch, L.dtype_of(idx), {}, loc, ins.name) for k in keep]
+    return ([K[k] for k in keep], list(b_op) + [K[k] for k in taken],
+            list(b_idx) + [taken[k] for k in taken], cols)
+
+
 @handler("scatter")
 def _scatter(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
              loc: SourceLoc) -> Val:
@@ -117,7 +148,10 @@ def _scatter(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputati
         L.assume(f"scatter {ins.name} ({L.file}:{ins.line}): an update whose index is out of "
                  f"bounds is dropped (XLA's CPU and GPU behaviour; its spec leaves it to the "
                  f"implementation)")
-    hot = _one_hot(L, ins, _index_columns(L, ins, idx, ivd, m, loc), [O[k] for k in K], loc)
+    K, b_op, b_idx, cols = _iota_columns_batched(L, ins, idx, ivd, K, b_op, b_idx, O, I, loc)
+    if cols is None:
+        cols = _index_columns(L, ins, idx, ivd, m, loc)
+    hot = _one_hot(L, ins, cols, [O[k] for k in K], loc)
     # positions of the index batch dims S: batching ones become dot batch dims
     pos = {d: p for p, d in enumerate(idx_dims)}
     lhs_batch = tuple(pos[d] for d in b_idx)
@@ -129,7 +163,7 @@ def _scatter(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputati
     rows = L.emit("dot_general", [hot, upd], dims, dtype,
                   {"lhs_contract": lhs_contract, "rhs_contract": rhs_contract,
                    "lhs_batch": lhs_batch, "rhs_batch": rhs_batch}, loc, ins.name)
-    drop = [i for i, k in enumerate(labels) if i >= len(b_op) + len(K) and k in K]
+    drop = [i for i, k in enumerate(labels) if i >= len(b_op) + len(K) and (k in K or k in b_op)]
     if drop:   # the one-element windows of indexed dims that are not inserted
         labels = [k for i, k in enumerate(labels) if i not in drop]
         rows = L.emit("reshape", [rows], tuple(O[k] for k in labels), dtype, {}, loc, ins.name)
