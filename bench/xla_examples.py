@@ -2,7 +2,9 @@
 shard_map and jit programs, correct ones and buggy twins) is lowered with JAX,
 its distributed program compiled by XLA (the per-device module after
 optimisations, as `--xla_dump_to` writes it in `*.after_optimizations.txt`,
-with large constants printed unless `--elide-constants`), its
+with large constants printed unless `--elide-constants`; or, with `--dist spmd`,
+the module right after the SPMD partitioning pass, as
+`--xla_dump_hlo_pass_re=spmd-partitioning` writes it), its
 sequential program taken before or after optimisations (`--seq`), and the pair
 verified as HLO with no spec (`dlverify check SEQ DIST`). A correct case that is
 not verified is a false alarm of dlverify on toolchain output; a buggy twin that
@@ -11,6 +13,7 @@ verifies would be unsound (never seen: reported loudly).
     python bench/xla_examples.py                      # every example file
     python bench/xla_examples.py examples/ring_attention.py --seq after --json
     python bench/xla_examples.py --keep /tmp/pairs     # keep the HLO pairs
+    python bench/xla_examples.py --dist spmd           # the partitioner's output
 
 Prints one line per case (expected verdict, verdict, for a buggy twin whether
 its `# BUG` line is among the first failure's frames, compile and verify wall
@@ -36,7 +39,7 @@ import jax  # noqa: E402
 
 from dlverify.case import CASE_MARKER  # noqa: E402
 from dlverify.errors import InputError  # noqa: E402
-from dlverify.frontends.jax_compiled import dumped_after_optimizations  # noqa: E402
+from dlverify.frontends.jax_compiled import dumped_after_optimizations, dumped_after_spmd  # noqa: E402
 from dlverify.hlo_api import verify_hlo  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,18 +79,20 @@ def _bug_line(dist_fn) -> int | None:
     return marked[0] if len(marked) == 1 else None
 
 
-def _texts(case, seq_stage: str, large_constants: bool) -> tuple[str, str]:
+def _texts(case, seq_stage: str, dist_stage: str, large_constants: bool) -> tuple[str, str]:
     dist = case.dist if hasattr(case.dist, "lower") else jax.jit(case.dist)
     seq = jax.jit(case.seq).lower(*case.args)
     seq_text = (dumped_after_optimizations(seq, large_constants) if seq_stage == "after"
                 else seq.as_text(dialect="hlo"))
-    return seq_text, dumped_after_optimizations(dist.lower(*case.args), large_constants)
+    lowered = dist.lower(*case.args)
+    return seq_text, (dumped_after_spmd(lowered) if dist_stage == "spmd"
+                      else dumped_after_optimizations(lowered, large_constants))
 
 
 def run_case(path: Path, name: str, case, seq_stage: str, large_constants: bool,
-             out_dir: Path) -> Row:
+             out_dir: Path, dist_stage: str = "after") -> Row:
     t0 = time.perf_counter()
-    seq_text, dist_text = _texts(case, seq_stage, large_constants)
+    seq_text, dist_text = _texts(case, seq_stage, dist_stage, large_constants)
     seq_file, dist_file = out_dir / f"{name}.seq.hlo", out_dir / f"{name}.dist.hlo"
     seq_file.write_text(seq_text)
     dist_file.write_text(dist_text)
@@ -114,18 +119,24 @@ def main(argv: list[str]) -> int:
     ap.add_argument("files", nargs="*", type=Path)
     ap.add_argument("--seq", choices=("before", "after"), default="before",
                     help="the sequential module before (default) or after XLA's optimisations")
+    ap.add_argument("--dist", choices=("after", "spmd"), default="after",
+                    help="the distributed module after optimisations (default) or right after "
+                         "the SPMD partitioning pass")
     ap.add_argument("--elide-constants", action="store_true",
                     help="dump as XLA does by default: large constants elided as {...}")
     ap.add_argument("--keep", type=Path, help="write the HLO pairs here (default: a temp dir)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     files = args.files or sorted((ROOT / "examples").glob("*.py"))
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        ap.error(f"no such example file: {missing[0]}")
     out_dir = args.keep or Path(tempfile.mkdtemp(prefix="dlverify-xla-examples-"))
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     for path in files:
         for name, case in _cases(path):
-            row = run_case(path, name, case, args.seq, not args.elide_constants, out_dir)
+            row = run_case(path, name, case, args.seq, not args.elide_constants, out_dir, args.dist)
             rows.append(row)
             if not args.json:
                 where = {True: "located", False: "elsewhere", None: ""}[row.located]
@@ -143,6 +154,7 @@ def main(argv: list[str]) -> int:
         "verify_wall_s": round(sum(r.verify_s for r in rows), 2),
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
         "seq_stage": args.seq,
+        "dist_stage": args.dist,
         "large_constants": not args.elide_constants,
     }
     if args.json:

@@ -105,6 +105,15 @@ def dumped_after_optimizations(lowered: Any, large_constants: bool = True) -> st
         return sorted(Path(d).glob("module_*after_optimizations.txt"))[-1].read_text(encoding="utf-8")
 
 
+def dumped_after_spmd(lowered: Any) -> str:
+    """The module of `lowered` right after the SPMD partitioning pass (as
+    `--xla_dump_hlo_pass_re=spmd-partitioning` writes it, large constants printed)."""
+    texts = _dump(lowered, "the distributed program")
+    if "after_spmd" not in texts:
+        raise InputError("XLA wrote no module after the spmd-partitioning pass")
+    return texts["after_spmd"]
+
+
 def _names(args: tuple[Any, ...]) -> list[str]:
     leaves = jax.tree_util.tree_flatten_with_path(args)[0]
     out = []
