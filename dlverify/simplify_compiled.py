@@ -1,0 +1,127 @@
+"""More of the algebraic normal form (dlverify/simplify.py, whose `_Simplifier`
+runs `compiled_forms` in its pass): ops a program writes one way and XLA's
+optimisations another, brought to one form.
+
+* a dot without contraction is a product of broadcasts: `dot_general(x, y)`
+  contracting no dim (operands in the standard order of `dot_layout`: batch
+  dims first, then free dims) is `broadcast(x) * broadcast(y)`, each operand
+  broadcast to the result along its own dims (a broadcast that maps every dim
+  to itself is none): out[b, i, j] = x[b, i] * y[b, j]. An einsum that weighs
+  a (t, e, c) mask by (t, e) gates (`tec,te->tec`) is such a dot; XLA writes
+  it as `mask * broadcast(gate)`.
+* a product of two boolean masks is a select: `p * q` for boolean p and q and
+  a floating-point result is `select(q, p, 0)`, the right operand the
+  predicate, as XLA writes `convert(p) * convert(q)`. Either operand could be
+  the predicate (both are 0/1 values); XLA takes the right one, so this takes
+  it too (a mask and a real value are `mask_product`'s, dlverify/simplify.py).
+* a descending sort of a whole dim is a top_k of all of it: the IR's stable
+  ascending sort keyed by `neg(x)` (`not(x)` for integers: how the HLO
+  frontend lowers a descending comparator), carrying x and an iota along the
+  sorted dim, gives x's values in descending order, equal values by ascending
+  index, and their indices: `top_k(x, k=n)` (its sorted keys are `neg` of
+  those values). XLA writes `lax.top_k` of all n elements of a dim as that
+  sort; the program's top_k stays one. (XLA's total order puts +0 above -0,
+  which `neg` keys tie; the reals have one zero.)
+
+Each is an identity of real arithmetic for every input, applied to both graphs
+alike; tests/test_moe_compiled.py checks each numerically and where it must not
+fire. No rule makes a dot, a multiplication of booleans or a sort, so none
+undoes another.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dlverify.ir import Op
+
+if TYPE_CHECKING:
+    from dlverify.simplify import _Simplifier
+
+# the decreasing key a descending sort is lowered with (frontends/hlo/ops/sorting.py)
+_FLIPS = frozenset({"neg", "not"})
+
+
+def compiled_forms(s: "_Simplifier", op: Op) -> bool:
+    """Whether one of this module's rules replaced `op` (in `s`'s pass)."""
+    return dot_without_contraction(s, op) or mask_of_masks(s, op) or whole_dim_top_k(s, op)
+
+
+def dot_without_contraction(s: "_Simplifier", op: Op) -> bool:
+    """`dot_general(x, y)` with no contracted dim, its operands in the standard
+    order (batch dims 0..nb-1 on both sides, then free dims), is the product of
+    x and y each broadcast to the result: its batch dims, then its free dims
+    where the result has them (lhs free dims before rhs free dims)."""
+    if op.kind != "dot_general" or len(op.inputs) != 2:
+        return False
+    p = op.params
+    if p["lhs_contract"] or p["rhs_contract"]:
+        return False
+    nb = len(p["lhs_batch"])
+    if tuple(p["lhs_batch"]) != tuple(range(nb)) or tuple(p["rhs_batch"]) != tuple(range(nb)):
+        return False                                # not in the standard order (yet)
+    x, y = op.inputs
+    nl, nr = len(s.shape(x)) - nb, len(s.shape(y)) - nb
+    out = s.g.tensors[op.output]
+    lhs_dims = tuple(range(nb + nl))
+    rhs_dims = tuple(range(nb)) + tuple(range(nb + nl, nb + nl + nr))
+    ins = []
+    for t, dims in ((x, lhs_dims), (y, rhs_dims)):
+        if s.shape(t) != out.shape:                 # else t is the result's shape already
+            t = s.new_op("broadcast_in_dim", [t], out.shape, s.g.tensors[t].dtype,
+                         {"broadcast_dimensions": dims}, op)
+        ins.append(t)
+    s.new_op("mul", ins, out.shape, out.dtype, {}, op, output=op.output)
+    return True
+
+
+def mask_of_masks(s: "_Simplifier", op: Op) -> bool:
+    """`p * q` for boolean p and q of the result's shape and a floating-point
+    result is `select(q, p, 0)` (select_n(q, 0, p)): 1 where both hold, else 0."""
+    out = s.float_binary(op, "mul")
+    if out is None:
+        return False
+    p, q = op.inputs
+    if s.g.tensors[p].dtype != "bool" or s.g.tensors[q].dtype != "bool" \
+            or not s.shape(p) == s.shape(q) == out.shape:
+        return False
+    zeros = s.splat_of(0, out.shape, out.dtype, op)
+    s.new_op("select_n", [q, zeros, p], out.shape, out.dtype, {}, op, output=op.output)
+    return True
+
+
+def _iota_along(s: "_Simplifier", t: int, d: int) -> bool:
+    """Whether t counts 0, 1, ... along dim d (an iota, or the broadcast of a 1-D
+    one along d: the normal form of `iota_1d`)."""
+    op = s.producer.get(t)
+    if op is not None and op.kind == "broadcast_in_dim" \
+            and tuple(op.params["broadcast_dimensions"]) == (d,):
+        op = s.producer.get(op.inputs[0])
+        return op is not None and op.kind == "iota" and op.params["dimension"] == 0
+    return op is not None and op.kind == "iota" and op.params["dimension"] == d
+
+
+def whole_dim_top_k(s: "_Simplifier", op: Op) -> bool:
+    """`sort(flip(x), x[, iota along d])` along d (one key) is, by the result it
+    names, `flip(top_k(x))`, `top_k(x)` or top_k's indices, k the length of d."""
+    if op.kind != "sort" or int(op.params.get("num_keys", 1)) != 1 or len(op.inputs) not in (2, 3):
+        return False
+    d, which = op.params["dimension"], int(op.params.get("output", 0))
+    key, x = op.inputs[0], op.inputs[1]
+    flip = s.producer.get(key)
+    if flip is None or flip.kind not in _FLIPS or flip.inputs != [x] \
+            or len(op.inputs) == 3 and not _iota_along(s, op.inputs[2], d):
+        return False
+    out = s.g.tensors[op.output]
+    params = {"axis": d, "k": s.shape(x)[d]}
+    if which == 2:
+        s.new_op("top_k", [x], out.shape, out.dtype, {**params, "output": 1}, op,
+                 output=op.output)
+        return True
+    values = s.new_op("top_k", [x], out.shape, s.g.tensors[x].dtype, {**params, "output": 0},
+                      op, output=op.output if which == 1 else None)
+    if which == 0:
+        s.new_op(flip.kind, [values], out.shape, out.dtype, {}, op, output=op.output)
+    return True
+
+
+__all__ = ["compiled_forms"]
