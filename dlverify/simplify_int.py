@@ -100,11 +100,6 @@ def iota_columns(producer: dict[int, Op], shape: Callable[[int], tuple[int, ...]
 
 
 class _IntForms(_Rewriter):
-    def __init__(self, graph: Graph, ids: IdAllocator, mesh: Mesh | None) -> None:
-        super().__init__(graph, ids)
-        # per rank, the value of each tensor computed from literals (and the rank)
-        self.known = fold(graph, mesh).splat
-
     # ------------------------------------------------------------------ literals
     def int_literal(self, t: int) -> int | None:
         """The integer every element of t holds, when t is a literal (or a
@@ -181,28 +176,6 @@ class _IntForms(_Rewriter):
         c = self.literal(divisor, out.shape, out.dtype, op)
         self.new_op(kind, [x, c], out.shape, out.dtype, {}, op, output=op.output)
         return True
-
-    # ------------------------------------------------------------------ known bools
-    def known_bool_operand(self, op: Op) -> bool:
-        """`ne(p, false)`, `eq(p, true)`, `and(p, true)`, `or(p, false)` are p; `ne(p,
-        true)` and `eq(p, false)` are `not p`. XLA's simplifier drops the sign test of
-        a positive divisor from the floor-mod fix-up, `(rem < 0) != (V < 0)`; the
-        module before it computes `V < 0` (false) from constants."""
-        if op.kind not in ("ne", "eq", "and", "or") or len(op.inputs) != 2 or \
-                any(self.g.tensors[t].dtype != "bool" for t in op.inputs + [op.output]):
-            return False
-        for i in (0, 1):
-            vals = self.known.get(op.inputs[1 - i])
-            keep = op.inputs[i]
-            if vals is None or len(set(bool(v) for v in vals)) != 1 or self.shape(keep) != self.shape(op.output):
-                continue
-            v = bool(vals[0])
-            if (op.kind, v) in (("ne", False), ("eq", True), ("and", True), ("or", False)):
-                return self.fold(op, keep)
-            if op.kind in ("ne", "eq"):
-                self.new_op("not", [keep], self.shape(op.output), "bool", {}, op, output=op.output)
-                return True
-        return False
 
     # ------------------------------------------------------------------ gathers
     def gather_take(self, op: Op) -> bool:
@@ -326,14 +299,66 @@ class _IntForms(_Rewriter):
 
     # ------------------------------------------------------------------ driver
     def apply(self, op: Op) -> bool:
-        return (self.signed_pow2(op) or self.known_bool_operand(op) or self.gather_along(op)
-                or self.gather_take(op) or self.unit_reshape_into_all_reduce(op) or self.whole_slice(op))
+        return (self.signed_pow2(op) or self.gather_along(op) or self.gather_take(op)
+                or self.unit_reshape_into_all_reduce(op) or self.whole_slice(op))
+
+
+class _KnownForms(_Rewriter):
+    """The rules that read values known before run time: a second pass, so that the
+    index ranges (dlverify/index_ranges.py) see the rem the first one folded back."""
+
+    def __init__(self, graph: Graph, ids: IdAllocator, mesh: Mesh | None) -> None:
+        super().__init__(graph, ids)
+        # per rank, the value of each tensor computed from literals (and the rank),
+        # and of each mask the index ranges decide
+        self.known = fold(graph, mesh).splat
+
+    # ------------------------------------------------------------------ known bools
+    def known_bool_operand(self, op: Op) -> bool:
+        """`ne(p, false)`, `eq(p, true)`, `and(p, true)`, `or(p, false)` are p; `ne(p,
+        true)` and `eq(p, false)` are `not p`. XLA's simplifier drops the sign test of
+        a positive divisor from the floor-mod fix-up, `(rem < 0) != (V < 0)`; the
+        module before it computes `V < 0` (false) from constants."""
+        if op.kind not in ("ne", "eq", "and", "or") or len(op.inputs) != 2 or \
+                any(self.g.tensors[t].dtype != "bool" for t in op.inputs + [op.output]):
+            return False
+        for i in (0, 1):
+            vals = self.known.get(op.inputs[1 - i])
+            keep = op.inputs[i]
+            if vals is None or len(set(bool(v) for v in vals)) != 1 or self.shape(keep) != self.shape(op.output):
+                continue
+            v = bool(vals[0])
+            if (op.kind, v) in (("ne", False), ("eq", True), ("and", True), ("or", False)):
+                return self.fold(op, keep)
+            if op.kind in ("ne", "eq"):
+                self.new_op("not", [keep], self.shape(op.output), "bool", {}, op, output=op.output)
+                return True
+        return False
+
+    def known_select(self, op: Op) -> bool:
+        """select_n(p, a, b) whose predicate holds one value everywhere on every rank is
+        the case it picks: jnp.take's in-bounds mask of an index proved in range
+        (`ids % V`), whose NaN fill is never taken."""
+        if op.kind != "select_n" or len(op.inputs) != 3:
+            return False
+        vals = self.known.get(op.inputs[0])
+        if vals is None or self.g.tensors[op.inputs[0]].dtype != "bool" or len({bool(v) for v in vals}) != 1:
+            return False
+        case = op.inputs[2 if bool(vals[0]) else 1]
+        if self.shape(case) != self.shape(op.output) or \
+                self.g.tensors[case].dtype != self.g.tensors[op.output].dtype:
+            return False
+        return self.fold(op, case)
+
+    def apply(self, op: Op) -> bool:
+        return self.known_bool_operand(op) or self.known_select(op)
 
 
 def fold_int_expansions(graph: Graph, ids: IdAllocator, mesh: Mesh | None) -> bool:
-    """Fold XLA's integer rem / div and canonical gathers back (module doc), in one
-    pass (no rule's result is another rule's pattern). Returns whether anything changed."""
-    return _IntForms(graph, ids, mesh).run()
+    """Fold XLA's integer rem / div and canonical gathers back, then the ops that known
+    values decide (module doc); each pass in one sweep (no rule's result is another
+    rule's pattern). Returns whether anything changed."""
+    return _IntForms(graph, ids).run() | _KnownForms(graph, ids, mesh).run()
 
 
 __all__ = ["fold_int_expansions"]

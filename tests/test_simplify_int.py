@@ -143,6 +143,31 @@ def test_known_bool_operands(kind, value, fires):
         assert kind not in [o.kind for o in g.ops if g.tensors[o.output].shape == xs.shape]
 
 
+@pytest.mark.parametrize("floor_mod", [True, False])
+def test_select_on_a_decided_mask_is_its_case(floor_mod):
+    """jnp.take's fill select on the in-bounds mask of `x % 4`, XLA's floor mod (rem
+    and its sign fix-up, proved in [0, 4) by the index ranges): the gathered case.
+    The bare rem may be negative: the mask is not decided and the select stays."""
+    def build(b, x, y):
+        shape = b.graph.tensors[x].shape
+        zero, four = _splat(b, 0, shape, "int32"), _splat(b, 4, shape, "int32")
+        i = b.op("rem", [x, four], shape, "int32")
+        if floor_mod:
+            neg = b.op("lt", [i, zero], shape, "bool")
+            i = b.op("select_n", [neg, i, b.op("add", [i, four], shape, "int32")], shape, "int32")
+        ok = b.op("and", [b.op("ge", [i, zero], shape, "bool"), b.op("lt", [i, four], shape, "bool")],
+                  shape, "bool")
+        return b.op("select_n", [ok, _splat(b, np.nan, shape, "float32"), y], shape, "float32")
+    rng = np.random.default_rng(12)
+    xs = _edge_ints("int32", 20, rng)
+    if not floor_mod:
+        xs = np.abs(xs[2:])   # (the sample takes no NaN: NaN != NaN)
+    ys = rng.standard_normal(xs.shape).astype(np.float32)
+    g = _check(build, [(xs.shape, "int32"), (xs.shape, "float32")], [[xs, ys]])
+    selects = [o for o in g.ops if o.kind == "select_n" and g.tensors[o.output].dtype == "float32"]
+    assert bool(selects) != floor_mod
+
+
 GATHER = dict(operand_batching_dims=(), start_indices_batching_dims=(), indices_are_sorted=False)
 
 

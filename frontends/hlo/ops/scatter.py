@@ -108,6 +108,23 @@ def _iota_columns_batched(L: Lowerer, ins: HloInstruction, idx: int, ivd: int, K
             list(b_idx) + [taken[k] for k in taken], cols)
 
 
+def _reshaped(L: Lowerer, ins: HloInstruction, t: int, shape: tuple[int, ...], loc: SourceLoc) -> int:
+    """t reshaped (a reshape of a reshape is one reshape of its source: XLA's
+    updates are often a bitcast of the masked cotangent, dlverify/masked_gather.py
+    looks through one layout op; a reshaped splat is a splat)."""
+    producer = {op.output: op for op in L.b.graph.ops}
+    while t in producer and producer[t].kind == "reshape":
+        t = producer[t].inputs[0]
+    if L.shape_of(t) == shape:
+        return t
+    src = producer.get(t)
+    if src is not None and src.kind == "broadcast_in_dim" and not L.shape_of(src.inputs[0]):
+        # a splat (the cotangent of a mean) stays a splat of the new shape
+        return L.emit("broadcast_in_dim", [src.inputs[0]], shape, L.dtype_of(t),
+                      {"broadcast_dimensions": ()}, loc, ins.name)
+    return L.emit("reshape", [t], shape, L.dtype_of(t), {}, loc, ins.name)
+
+
 @handler("scatter")
 def _scatter(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
              loc: SourceLoc) -> Val:
@@ -151,22 +168,36 @@ def _scatter(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputati
     K, b_op, b_idx, cols = _iota_columns_batched(L, ins, idx, ivd, K, b_op, b_idx, O, I, loc)
     if cols is None:
         cols = _index_columns(L, ins, idx, ivd, m, loc)
-    hot = _one_hot(L, ins, cols, [O[k] for k in K], loc)
     # positions of the index batch dims S: batching ones become dot batch dims
     pos = {d: p for p, d in enumerate(idx_dims)}
-    lhs_batch = tuple(pos[d] for d in b_idx)
-    lhs_contract = tuple(p for p in range(len(idx_dims)) if p not in lhs_batch)
+    batch_p = [pos[d] for d in b_idx]
+    # Dims that carry one term each are squeezed out of the columns and the updates
+    # (a sum of one term is that term): index batch dims of size 1 that are not
+    # batching, and the one-element windows of indexed or batched dims. The product
+    # then has one form whether XLA kept such a dim (after optimisations) or not.
+    keep_p = [p for p in range(len(idx_dims)) if I[idx_dims[p]] != 1 or p in batch_p]
+    keep_w = [j for j, k in enumerate(free) if k not in K and k not in b_op]
+    kept_u = sorted([scatter_dims[p] for p in keep_p] + [windows[j] for j in keep_w])
+    if len(kept_u) != len(U):
+        at = {d: i for i, d in enumerate(kept_u)}
+        cols = [L.emit("reshape", [c], tuple(I[idx_dims[p]] for p in keep_p), L.dtype_of(c), {},
+                       loc, ins.name) for c in cols]
+        upd = _reshaped(L, ins, upd, tuple(U[d] for d in kept_u), loc)
+        scatter_dims = [at[scatter_dims[p]] for p in keep_p]
+        windows = [at[windows[j]] for j in keep_w]
+        free = [free[j] for j in keep_w]
+        U = L.shape_of(upd)
+        batch_p = [keep_p.index(p) for p in batch_p]
+    hot = _one_hot(L, ins, cols, [O[k] for k in K], loc)
+    lhs_batch = tuple(batch_p)
+    lhs_contract = tuple(p for p in range(len(scatter_dims)) if p not in lhs_batch)
     rhs_batch = tuple(scatter_dims[p] for p in lhs_batch)
     rhs_contract = tuple(scatter_dims[p] for p in lhs_contract)
-    labels = list(b_op) + list(K) + [free[j] for j in range(len(windows))]
+    labels = list(b_op) + list(K) + list(free)
     dims = tuple(O[k] for k in b_op) + tuple(O[k] for k in K) + tuple(U[w] for w in windows)
     rows = L.emit("dot_general", [hot, upd], dims, dtype,
                   {"lhs_contract": lhs_contract, "rhs_contract": rhs_contract,
                    "lhs_batch": lhs_batch, "rhs_batch": rhs_batch}, loc, ins.name)
-    drop = [i for i, k in enumerate(labels) if i >= len(b_op) + len(K) and (k in K or k in b_op)]
-    if drop:   # the one-element windows of indexed dims that are not inserted
-        labels = [k for i, k in enumerate(labels) if i not in drop]
-        rows = L.emit("reshape", [rows], tuple(O[k] for k in labels), dtype, {}, loc, ins.name)
     perm = tuple(labels.index(k) for k in range(len(O)))
     if perm != tuple(range(len(O))):
         rows = L.emit("transpose", [rows], O, dtype, {"permutation": perm}, loc, ins.name)
