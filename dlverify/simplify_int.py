@@ -178,15 +178,22 @@ class _IntForms(_Rewriter):
         return True
 
     # ------------------------------------------------------------------ gathers
+    def unbatched_gather(self, op: Op) -> tuple[dict, int, int, tuple[int, ...]] | None:
+        """(params, operand, indices, operand shape) of a gather with no batching dims."""
+        if op.kind != "gather" or len(op.inputs) != 2 or op.params["operand_batching_dims"] or \
+                op.params["start_indices_batching_dims"]:
+            return None
+        return op.params, op.inputs[0], op.inputs[1], self.shape(op.inputs[0])
+
     def gather_take(self, op: Op) -> bool:
         """A lookup along one dim with its unit slice dim kept: JAX's take form."""
-        if op.kind != "gather" or len(op.inputs) != 2:
+        got = self.unbatched_gather(op)
+        if got is None:
             return False
-        p = op.params
-        operand, idx = op.inputs
-        o_shape, i_shape = self.shape(operand), self.shape(idx)
-        if p["operand_batching_dims"] or p["start_indices_batching_dims"] or len(p["start_index_map"]) != 1 \
-                or not i_shape or p["index_vector_dim"] != len(i_shape) - 1 or i_shape[-1] != 1:
+        p, operand, idx, o_shape = got
+        i_shape = self.shape(idx)
+        if len(p["start_index_map"]) != 1 or not i_shape or p["index_vector_dim"] != len(i_shape) - 1 \
+                or i_shape[-1] != 1:
             return False
         dim = p["start_index_map"][0]
         o_rank = len(o_shape)
@@ -220,15 +227,13 @@ class _IntForms(_Rewriter):
 
     def gather_along(self, op: Op) -> bool:
         """A take_along_axis whose batch dims are iota components: JAX's batching form."""
-        if op.kind != "gather" or len(op.inputs) != 2:
+        got = self.unbatched_gather(op)
+        if got is None:
             return False
-        p = op.params
-        operand, idx = op.inputs
-        o_shape = self.shape(operand)
+        p, operand, idx, o_shape = got
         o_rank = len(o_shape)
         smap = tuple(p["start_index_map"])
-        if p["operand_batching_dims"] or p["start_indices_batching_dims"] or \
-                tuple(p["slice_sizes"]) != (1,) * o_rank or len(smap) < 2:
+        if tuple(p["slice_sizes"]) != (1,) * o_rank or len(smap) < 2:
             return False
         found = index_parts(self.producer, self.shape, idx, p["index_vector_dim"])
         if found is None or len(found[0]) != len(smap):

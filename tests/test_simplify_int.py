@@ -302,9 +302,13 @@ def test_compiled_take_along_axis_transpose_batches_its_iota_column():
 
 # ------------------------------------------------------------------ compiled examples
 
-def test_compiled_vocab_parallel_embedding_verifies_and_its_twins_are_located(tmp_path):
+def test_compiled_vocab_parallel_embedding_verifies_and_its_mask_twin_is_located(tmp_path):
     vp = example_module("vocab_parallel")
     assert_compiled_case_and_twin(tmp_path, vp.vocab_parallel_embedding_xent(),
                                   vp.vocab_parallel_bug_embedding_mask_off_by_one(), dumped=True)
-    assert_compiled_case_and_twin(tmp_path, vp.vocab_parallel_embedding_xent(),
+
+
+def test_compiled_vocab_parallel_gradients_verify_and_the_target_twin_is_located(tmp_path):
+    vp = example_module("vocab_parallel")
+    assert_compiled_case_and_twin(tmp_path, vp.vocab_parallel_grads(),
                                   vp.vocab_parallel_bug_target_logit_not_reduced(), dumped=True)
