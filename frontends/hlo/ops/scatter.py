@@ -23,7 +23,7 @@ import numpy as np
 from dlverify.frontends.hlo.attributes import ints
 from dlverify.frontends.hlo.model import HloComputation, HloInstruction
 from dlverify.frontends.hlo.ops.registry import Val, handler
-from dlverify.ir import SourceLoc
+from dlverify.ir import Op, SourceLoc
 from dlverify.ops.dtypes import is_int_dtype
 
 if TYPE_CHECKING:
@@ -77,9 +77,9 @@ def _in_range(known: np.ndarray | None, ivd: int, K: tuple[int, ...],
     return all(((v[..., j] >= 0) & (v[..., j] < O[k])).all() for j, k in enumerate(K))
 
 
-def _iota_columns_batched(L: Lowerer, ins: HloInstruction, idx: int, ivd: int, K: list[int],
-                          b_op: list[int], b_idx: list[int], O: tuple[int, ...],
-                          I: tuple[int, ...], loc: SourceLoc):
+def _iota_columns_batched(L: Lowerer, ins: HloInstruction, producer: dict[int, Op], idx: int,
+                          ivd: int, K: list[int], b_op: list[int], b_idx: list[int],
+                          O: tuple[int, ...], I: tuple[int, ...], loc: SourceLoc):
     """XLA writes a batching dim as an index column that is an iota along an index
     batch dim of the operand dim's size (dlverify/simplify_int.iota_columns): each
     update then lands at its own position of that dim, which is what a batching
@@ -94,7 +94,6 @@ def _iota_columns_batched(L: Lowerer, ins: HloInstruction, idx: int, ivd: int, K
 
     if ivd >= len(I):
         return K, b_op, b_idx, None
-    producer = {op.output: op for op in L.b.graph.ops}
     found = iota_columns(producer, L.shape_of, idx, ivd)
     taken = {k: d for k, d in found.items()
              if O[K[k]] == I[d] and d not in b_idx and d != ivd}
@@ -108,11 +107,11 @@ def _iota_columns_batched(L: Lowerer, ins: HloInstruction, idx: int, ivd: int, K
             list(b_idx) + [taken[k] for k in taken], cols)
 
 
-def _reshaped(L: Lowerer, ins: HloInstruction, t: int, shape: tuple[int, ...], loc: SourceLoc) -> int:
+def _reshaped(L: Lowerer, ins: HloInstruction, producer: dict[int, Op], t: int,
+              shape: tuple[int, ...], loc: SourceLoc) -> int:
     """t reshaped (a reshape of a reshape is one reshape of its source: XLA's
     updates are often a bitcast of the masked cotangent, dlverify/masked_gather.py
     looks through one layout op; a reshaped splat is a splat)."""
-    producer = {op.output: op for op in L.b.graph.ops}
     while t in producer and producer[t].kind == "reshape":
         t = producer[t].inputs[0]
     if L.shape_of(t) == shape:
@@ -165,7 +164,8 @@ def _scatter(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputati
         L.assume(f"scatter {ins.name} ({L.file}:{ins.line}): an update whose index is out of "
                  f"bounds is dropped (XLA's CPU and GPU behaviour; its spec leaves it to the "
                  f"implementation)")
-    K, b_op, b_idx, cols = _iota_columns_batched(L, ins, idx, ivd, K, b_op, b_idx, O, I, loc)
+    producer = {op.output: op for op in L.b.graph.ops}   # (the index's and updates' makers)
+    K, b_op, b_idx, cols = _iota_columns_batched(L, ins, producer, idx, ivd, K, b_op, b_idx, O, I, loc)
     if cols is None:
         cols = _index_columns(L, ins, idx, ivd, m, loc)
     # positions of the index batch dims S: batching ones become dot batch dims
@@ -182,7 +182,7 @@ def _scatter(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputati
         at = {d: i for i, d in enumerate(kept_u)}
         cols = [L.emit("reshape", [c], tuple(I[idx_dims[p]] for p in keep_p), L.dtype_of(c), {},
                        loc, ins.name) for c in cols]
-        upd = _reshaped(L, ins, upd, tuple(U[d] for d in kept_u), loc)
+        upd = _reshaped(L, ins, producer, upd, tuple(U[d] for d in kept_u), loc)
         scatter_dims = [at[scatter_dims[p]] for p in keep_p]
         windows = [at[windows[j]] for j in keep_w]
         free = [free[j] for j in keep_w]
