@@ -31,14 +31,22 @@ bound them:
     iota lies in range and no start is clamped), those dims become batching
     dims. A dim of size 1 needs no iota: its start is clamped to 0.
 
+* a reshape that only adds or drops size-1 dims, after an all-reduce, moves
+  before it (as transposes do, simplify_forms.transpose_into_all_reduce): XLA
+  reduces a row max as [n, 1] between two bitcasts. A slice of a whole tensor
+  is that tensor.
+
+Then, in a second pass whose constant fold (dlverify/passes.fold, with the
+index ranges) sees the rem folded back:
+
 * known bool operands: `ne(p, false)`, `eq(p, true)`, `and(p, true)`, `or(p,
   false)` are p (`ne(p, true)`, `eq(p, false)` are `not p`), the known value
   computed from literals (and the rank) by the shared constant folder. XLA drops
   the divisor's sign test from the floor-mod fix-up `(rem < 0) != (V < 0)`.
 
-* a reshape that only adds or drops size-1 dims, after an all-reduce, moves
-  before it (as transposes do, simplify_forms.transpose_into_all_reduce): XLA
-  reduces a row max as [n, 1] between two bitcasts.
+* a select whose mask holds one value everywhere on every rank is the case it
+  picks (jnp.take's in-bounds mask of `ids % V`, decided by the index ranges:
+  its NaN fill is never taken).
 
 Each an identity for every input; tests/test_simplify_int.py checks each
 numerically with the shared evaluator, edge values included, and where it must

@@ -147,8 +147,7 @@ def test_masked_gathers_rewrite_exactly_and_verify():
 
 
 def test_index_values_and_predicates_hold_on_data():
-    # on the rewritten graphs (the interpreter has no gather with batching dims):
-    # every index computation of both programs is still there
+    # on the rewritten graphs: every index computation of both programs is still there
     problem = import_jax(_seq, _dist(_masked), _args(), "masked")
     rewrite_masked_gathers(problem)
     rng = np.random.default_rng(1)
