@@ -31,10 +31,9 @@ bound them:
     iota lies in range and no start is clamped), those dims become batching
     dims. A dim of size 1 needs no iota: its start is clamped to 0.
 
-* a reshape that only adds or drops size-1 dims, after an all-reduce, moves
-  before it (as transposes do, simplify_forms.transpose_into_all_reduce): XLA
-  reduces a row max as [n, 1] between two bitcasts. A slice of a whole tensor
-  is that tensor.
+* an all-reduce between a reshape and its inverse is the all-reduce of the
+  reshape's operand: XLA reduces a row max as [n, 1] between two bitcasts. A
+  slice of a whole tensor is that tensor.
 
 Then, in a second pass whose constant fold (dlverify/passes.fold, with the
 index ranges) sees the rem folded back:
@@ -279,23 +278,23 @@ class _IntForms(_Rewriter):
         return True
 
     # ------------------------------------------------------------------ all-reduce
-    def unit_reshape_into_all_reduce(self, op: Op) -> bool:
-        """A reshape that only adds or drops size-1 dims, of an all-reduce's result, is
-        the all-reduce of the reshape (each rank moves its elements alike and the
-        reduction is position by position; transposes move the same way,
-        simplify_forms.transpose_into_all_reduce). XLA reduces a row max as [n, 1]
-        between two bitcasts; the program reduces it as [n]."""
+    def reshaped_all_reduce(self, op: Op) -> bool:
+        """reshape(all_reduce(reshape(x))) back to x's shape is all_reduce(x): each
+        rank moves its elements alike and the reduction is position by position, so
+        the two reshapes cancel. XLA reduces a row max as [n, 1] between two
+        bitcasts; the program reduces it as [n]. (Only the pair: a lone reshape stays
+        where the program put it, which the padded views of uneven shards read.)"""
         if op.kind != "reshape":
             return False
         ar = self.producer.get(op.inputs[0])
         if ar is None or ar.kind != "all_reduce" or len(ar.inputs) != 1:
             return False
-        src, dst = self.shape(ar.output), self.shape(op.output)
-        if [n for n in src if n != 1] != [n for n in dst if n != 1]:
+        inner = self.producer.get(ar.inputs[0])
+        if inner is None or inner.kind != "reshape" or self.shape(inner.inputs[0]) != self.shape(op.output):
             return False
         dtype = self.g.tensors[op.output].dtype
-        t = self.new_op("reshape", [ar.inputs[0]], dst, dtype, {}, op)
-        self.new_op("all_reduce", [t], dst, dtype, ar.params, ar, output=op.output)
+        self.new_op("all_reduce", [inner.inputs[0]], self.shape(op.output), dtype, ar.params, ar,
+                    output=op.output)
         return True
 
     # ------------------------------------------------------------------ whole slices
@@ -313,7 +312,7 @@ class _IntForms(_Rewriter):
     # ------------------------------------------------------------------ driver
     def apply(self, op: Op) -> bool:
         return (self.signed_pow2(op) or self.gather_along(op) or self.gather_take(op)
-                or self.unit_reshape_into_all_reduce(op) or self.whole_slice(op))
+                or self.reshaped_all_reduce(op) or self.whole_slice(op))
 
 
 class _KnownForms(_Rewriter):
