@@ -1,0 +1,247 @@
+"""More of the algebraic normal form (dlverify/simplify.py, whose `_Simplifier`
+runs these rules in its pass): one place for a
+transpose of a dot's result, whichever side transposes where.
+
+A value that one side keeps in one layout and transposes for a reader, the
+other side computes in the reader's layout: XLA gathers k = x @ w over the
+context-parallel ranks and transposes it for q k^T, where the program's k^T is
+w^T x^T; it transposes a scaled dot (q k^T * 0.5) that the program transposes
+before scaling. So transposes move toward the dot that produces the value, and a
+dot takes a transpose it can compute whole:
+
+* transposed dots: transpose(dot(a, b)) by P, when P lists the dot's batch dims
+  first, then one operand's free dims, then the other's (in any order within
+  each), is dot'(a', b'), the dot with its batch and free dims so ordered (the
+  operands swapped when P reads b's free dims first, each transposed to match).
+  Also through a reshape of the dot's result that merges runs of dims within each
+  of those groups, and through all-gathers of it (gathering dim k of the result
+  is gathering the dim of dot' that k becomes: each rank permutes its block
+  alike). Size-1 dims go with their group wherever P puts them (where a side puts
+  a rank's batch of one says nothing). A transpose a dot cannot compute whole (a
+  batch dim moved after free dims, the operands' free dims interleaved) stays:
+  taking the part a dot computes would leave a residual read off where one side's
+  size-1 dim is the other's sized dim, and the sides would take different parts;
+* transposes enter concatenations, slices and elementwise ops of one tensor and
+  splats: transpose(concat(x_i; k)) is concat(transpose(x_i); P^-1(k)); a
+  transpose of a slice or of a dynamic slice is the slice of the transpose with
+  its bounds, strides, starts and sizes permuted alike (dynamic_slice clamps each
+  start in its own dim); transpose(f(x, splats)) is f(transpose(x), splats);
+* a broadcast_in_dim of a reshape that only inserts size-1 dims broadcasts the
+  reshape's operand (the program's iota reshaped to [1, n] before a mask's
+  broadcast; XLA broadcasts the iota).
+
+No rule moves a transpose out of a slice, a concatenation or an elementwise op,
+and a transpose enters an all-gather (against simplify_sink.transpose_out_of_all_gather,
+which moves transposes of gathered operands out) only when the dot under it takes
+it whole in the same rewrite, so no transpose is left under the gather.
+
+A transposed dot is taken in every pass (as the swapped dot was before); the
+other rules join once the rest settled (`late`): moving transposes into slices,
+concatenations and elementwise ops while the size-1 dims rules still restructure
+the dots they reach (a rank's batch of one, one KV head per rank) meets those dots
+unsettled on one side only.
+
+Each an identity of data movement for every input; tests/test_simplify_layouts.py
+checks each numerically (on several ranks for the gathers) and where it must
+not fire.
+"""
+from __future__ import annotations
+
+
+from dlverify.ir import Op
+from dlverify.ops.table import KINDS, Family
+from dlverify.rewrites import _Rewriter
+from dlverify.simplify_forms import _merge_groups, _unit_deletion
+
+
+def _permuted(values, perm) -> tuple:
+    return tuple(values[j] for j in perm)
+
+
+class _LayoutRules(_Rewriter):
+    """The rules above, for `_Simplifier` (dlverify/simplify.py) to run in its pass."""
+
+    late = False     # whether these rules run (see the module docstring)
+
+    def layouts(self, op: Op) -> bool:
+        """Whether one of this module's rules replaced `op`."""
+        if op.kind == "transpose" and self.transposed_dot(op):
+            return True
+        if not self.late:
+            return False
+        if op.kind == "broadcast_in_dim":
+            return self.unit_insertion_into_broadcast(op)
+        if op.kind != "transpose":
+            return False
+        return (self.transpose_into_concatenate(op)
+                or self.transpose_into_slice(op) or self.transpose_into_elementwise(op))
+
+    def unit_insertion_into_broadcast(self, op: Op) -> bool:
+        """A broadcast_in_dim of a reshape that only inserts size-1 dims broadcasts the
+        reshape's operand, its dims where the reshape's kept dims went: each inserted
+        dim holds one position, which the broadcast repeats along its result dim as
+        it repeats a new dim (the program's iota reshaped to [1, n] before its mask's
+        broadcast; XLA broadcasts the iota)."""
+        r = self.producer.get(op.inputs[0])
+        if r is None or r.kind != "reshape":
+            return False
+        found = _unit_deletion(self.shape(r.output), self.shape(r.inputs[0]))
+        if found is None:
+            return False
+        kept, _ = found
+        q = dict(op.params)
+        q["broadcast_dimensions"] = tuple(op.params["broadcast_dimensions"][i] for i in kept)
+        self.new_op("broadcast_in_dim", [r.inputs[0]], self.shape(op.output),
+                    self.g.tensors[op.output].dtype, q, op, output=op.output)
+        return True
+
+    # ------------------------------------------------------------------ dots
+    def transposed_dot(self, op: Op) -> bool:
+        """transpose(gathers(reshape(dot))) as gathers'(reshape'(dot')), the reshape and
+        gathers optional (see the module docstring); False when no dot' computes it."""
+        gathers: list[Op] = []
+        d = self.producer.get(op.inputs[0])
+        while d is not None and d.kind == "all_gather" and len(d.inputs) == 1:
+            gathers.append(d)
+            d = self.producer.get(d.inputs[0])
+        r = None
+        if d is not None and d.kind == "reshape":
+            r, d = d, self.producer.get(d.inputs[0])
+        if d is None or d.kind != "dot_general" or len(d.inputs) != 2:
+            return False
+        p = d.params
+        lshape, rshape, dshape = (self.shape(t) for t in (*d.inputs, d.output))
+        lb, rb, lc, rc = (list(p[k]) for k in ("lhs_batch", "rhs_batch", "lhs_contract",
+                                                "rhs_contract"))
+        lfree = [i for i in range(len(lshape)) if i not in lb and i not in lc]
+        rfree = [i for i in range(len(rshape)) if i not in rb and i not in rc]
+        nb, nl = len(lb), len(lfree)
+        region = [0 if i < nb else 1 if i < nb + nl else 2 for i in range(len(dshape))]
+        groups = [[i] for i in range(len(dshape))] if r is None else \
+            _merge_groups(dshape, self.shape(r.output))
+        if groups is None:
+            return False
+        greg = []      # a group's region: its sized dims' (size-1 dims go anywhere)
+        for run in groups:
+            regs = {region[i] for i in run if dshape[i] != 1} or {region[run[0]]}
+            if len(regs) > 1:
+                return False       # (a run merging dims of two regions: no dot computes it)
+            greg.append(regs.pop())
+        perm = list(op.params["permutation"])
+        mid = self.shape(r.output) if r is not None else dshape
+        # Size-1 dims hold one position: where a side puts one says nothing (XLA moves
+        # a rank's batch of one to the front), so the sized free dims alone decide
+        # the swap; each size-1 dim keeps its place among its region's dims.
+        frees = [g for g in perm if greg[g] and mid[g] != 1]
+        swap = bool(frees) and greg[frees[0]] == 2
+        gorder = [g for want in ((0, 2, 1) if swap else (0, 1, 2)) for g in perm
+                  if greg[g] == want]
+        if gorder != perm or [g for g in perm if mid[g] != 1] == sorted(
+                g for g in perm if mid[g] != 1):
+            # Only a transpose a dot computes whole is taken: one leaving a residual (a
+            # batch dim moved, the operands' free dims interleaved) is read off where
+            # one side's size-1 dim (a rank's batch of one) is the other's sized dim,
+            # and the two would take different parts. Moving size-1 dims only moves no
+            # element: nothing to take.
+            return False
+        # the dot's dims region by region, in their runs' new order
+        batch, left, right = ([i for g in gorder for i in groups[g] if region[i] == want]
+                              for want in (0, 1, 2))
+        order = batch + (right + left if swap else left + right)
+        nc = len(lc)
+        q = dict(p)
+        q["lhs_batch"] = q["rhs_batch"] = tuple(range(nb))
+        lhs_b, rhs_b = [lb[j] for j in batch], [rb[j] for j in batch]
+        lhs_f, rhs_f = [lfree[j - nb] for j in left], [rfree[j - nb - nl] for j in right]
+        if swap:      # rhs first: its free dims in lhs position (batch, free, contracted)
+            lhs = self._transposed(d.inputs[1], rhs_b + rhs_f + rc, op)
+            rhs = self._transposed(d.inputs[0], lhs_b + lc + lhs_f, op)
+            q["lhs_contract"] = tuple(range(len(rshape) - nc, len(rshape)))
+        else:
+            lhs = self._transposed(d.inputs[0], lhs_b + lhs_f + lc, op)
+            rhs = self._transposed(d.inputs[1], rhs_b + rc + rhs_f, op)
+            q["lhs_contract"] = tuple(range(len(lshape) - nc, len(lshape)))
+        q["rhs_contract"] = tuple(range(nb, nb + nc))
+        dtype = self.g.tensors[d.output].dtype
+        steps: list[tuple[str, tuple[int, ...], dict, Op]] = []   # after the dot
+        if r is not None and _permuted(self.shape(r.output), gorder) != _permuted(dshape, order):
+            steps.append(("reshape", _permuted(self.shape(r.output), gorder), {}, r))
+        for ga in reversed(gathers):
+            g = dict(ga.params)
+            g["dimension"] = gorder.index(ga.params["dimension"])
+            steps.append(("all_gather", _permuted(self.shape(ga.output), gorder), g, ga))
+        # (at the dot's source: a failure there is the dot's, e.g. its partial sums)
+        value = self.new_op("dot_general", [lhs, rhs], _permuted(dshape, order), dtype, q, d,
+                            output=None if steps else op.output)
+        for k, (kind, shape, params, like) in enumerate(steps):
+            value = self.new_op(kind, [value], shape, dtype, params, like,
+                                output=op.output if k == len(steps) - 1 else None)
+        return True
+
+    def _transposed(self, x: int, order: list[int], like: Op) -> int:
+        """x transposed so that its dim k is x's dim order[k] (x itself for the identity)."""
+        if order == list(range(len(order))):
+            return x
+        return self.new_op("transpose", [x], _permuted(self.shape(x), order),
+                           self.g.tensors[x].dtype, {"permutation": tuple(order)}, like)
+
+    def transpose_into_elementwise(self, op: Op) -> bool:
+        """A transpose of an elementwise op of one tensor and splats (broadcasts of a
+        scalar) is the op of the transposed tensor and the splats at the new shape:
+        the scaling XLA moves between a dot and its transpose (q k^T * 0.5, then
+        transposed) does not keep the transpose from the dot."""
+        e = self.producer.get(op.inputs[0])
+        if e is None or KINDS[e.kind].family is not Family.ELEMENTWISE:
+            return False
+        # (scalar_of_splat: the _Simplifier's (dlverify/simplify.py), which this joins)
+        scalars = [self.scalar_of_splat(t) for t in e.inputs]
+        if sum(1 for s in scalars if s is None) != 1:
+            return False
+        shape = self.shape(op.output)
+        ins = [self._transposed(t, list(op.params["permutation"]), op) if s is None else
+               self.new_op("broadcast_in_dim", [s], shape, self.g.tensors[t].dtype,
+                           {"broadcast_dimensions": ()}, self.producer[t])
+               for t, s in zip(e.inputs, scalars)]
+        self.new_op(e.kind, ins, shape, self.g.tensors[op.output].dtype, e.params, e,
+                    output=op.output)
+        return True
+
+    # ------------------------------------------------- concatenations, slices
+    def transpose_into_concatenate(self, op: Op) -> bool:
+        """transpose(concat(x_i; k)) by P is concat(transpose(x_i) by P; P^-1(k))."""
+        cat = self.producer.get(op.inputs[0])
+        if cat is None or cat.kind != "concatenate":
+            return False
+        perm = list(op.params["permutation"])
+        dtype = self.g.tensors[op.output].dtype
+        pieces = [self._transposed(x, perm, op) for x in cat.inputs]
+        q = dict(cat.params)
+        q["dimension"] = perm.index(cat.params["dimension"])
+        self.new_op("concatenate", pieces, self.shape(op.output), dtype, q, cat, output=op.output)
+        return True
+
+    def transpose_into_slice(self, op: Op) -> bool:
+        """A transpose of a slice (of a dynamic slice) is the slice (dynamic slice) of the
+        transpose, its bounds and strides (starts and sizes) permuted alike."""
+        s = self.producer.get(op.inputs[0])
+        if s is None or s.kind not in ("slice", "dynamic_slice"):
+            return False
+        perm = list(op.params["permutation"])
+        if s.kind == "dynamic_slice" and len(s.inputs) != 1 + len(perm):
+            return False        # (a dynamic slice whose starts are one index vector)
+        x = self._transposed(s.inputs[0], perm, op)
+        dtype = self.g.tensors[op.output].dtype
+        if s.kind == "slice":
+            q = {k: (None if s.params.get(k) is None else _permuted(s.params[k], perm))
+                 for k in ("start_indices", "limit_indices", "strides")}
+            self.new_op("slice", [x], self.shape(op.output), dtype, q, s, output=op.output)
+            return True
+        starts = _permuted(s.inputs[1:], perm)
+        q = dict(s.params)
+        q["slice_sizes"] = _permuted(s.params["slice_sizes"], perm)
+        self.new_op("dynamic_slice", [x, *starts], self.shape(op.output), dtype, q, s,
+                    output=op.output)
+        return True
+
+
+__all__ = ["_LayoutRules"]

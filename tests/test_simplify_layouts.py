@@ -1,0 +1,302 @@
+"""The normal form's rules for a transpose of a dot's result (dlverify/simplify_layouts.py):
+each rewrite leaves the outputs unchanged on random data (evaluated by the shared
+evaluator, on several ranks where collectives are involved) and fires; the two ways
+of writing a value (the dot transposed, or the swapped dot; the transpose before or
+after a gather, a slice, a concatenation) reach one form; and the compiled
+all-gather-KV context-parallel gradients of examples/ verify while a buggy twin is
+located."""
+import copy
+import itertools
+
+import numpy as np
+import pytest
+from hlo_pairs import assert_compiled_case_and_twin, example_module
+from test_simplify import _check, _dot, _graph
+
+from dlverify.interpret import Interpreter
+from dlverify.ir import Graph
+from dlverify.simplify import simplify_graph
+
+
+def _expr(g: Graph, t: int, producer: dict) -> str:
+    """The value of tensor t as an expression of the graph's inputs (op order aside)."""
+    op = producer.get(t)
+    if op is None:
+        return f"in{g.inputs.index(t)}" if t in g.inputs else f"?{g.tensors[t].shape}"
+    params = sorted((k, str(v)) for k, v in op.params.items())
+    args = ", ".join(_expr(g, i, producer) for i in op.inputs)
+    return f"{op.kind}{params}{g.tensors[t].shape}({args})"
+
+
+def _form(g: Graph) -> list[str]:
+    producer = {op.output: op for op in g.ops}
+    return [_expr(g, t, producer) for t in g.outputs]
+
+
+def _normal(build, in_shapes) -> tuple[Graph, Graph]:
+    g, ids = _graph(build, in_shapes)
+    before = copy.deepcopy(g)
+    simplify_graph(g, ids)
+    return before, g
+
+
+def _agree(before: Graph, g: Graph, in_shapes, ranks: int = 1) -> None:
+    """Both graphs' outputs on `ranks` ranks, each rank its own random inputs (a rank's
+    axis index is its number)."""
+    rng = np.random.default_rng(7)
+    ins = [[rng.standard_normal(s).astype(np.float32) for _ in range(ranks)] for s in in_shapes]
+    for t0, t1 in zip(before.outputs, g.outputs):
+        a = Interpreter(before, ranks, lambda r, axis: r).run(ins)[t0]
+        b = Interpreter(g, ranks, lambda r, axis: r).run(ins)[t1]
+        for x, y in zip(a, b):
+            np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------ transposed dots
+# a batched dot [h, s, d] x [h, d, t] -> [h, s, t], lhs free dims (s, u) where asked
+_BATCHED = dict(lhs=(3, 4, 2), rhs=(3, 2, 5), out=(3, 4, 5), lc=(2,), rc=(1,), lb=(0,), rb=(0,))
+_TWO_FREE = dict(lhs=(3, 4, 6, 2), rhs=(3, 2, 5), out=(3, 4, 6, 5), lc=(3,), rc=(1,), lb=(0,),
+                 rb=(0,))
+_TWO_BATCH = dict(lhs=(2, 3, 4, 2), rhs=(2, 3, 2, 5), out=(2, 3, 4, 5), lc=(3,), rc=(2,),
+                  lb=(0, 1), rb=(0, 1))
+
+
+def _transposed_dot(spec, perm):
+    def build(b, x, y):
+        d = _dot(b, x, y, spec["out"], spec["lc"], spec["rc"], spec["lb"], spec["rb"])
+        return b.op("transpose", [d], tuple(spec["out"][j] for j in perm), "float32",
+                    {"permutation": perm})
+    return build
+
+
+def _absorbable(spec, perm) -> bool:
+    """Whether perm lists the dot's batch dims first, then one operand's free dims,
+    then the other's (a dot computes that order)."""
+    nb = len(spec["lb"])
+    nl = len(spec["lhs"]) - nb - len(spec["lc"])
+    region = [0 if j < nb else 1 if j < nb + nl else 2 for j in perm]
+    return region in (sorted(region), sorted(region, key=lambda r: (r > 0, -r)))
+
+
+@pytest.mark.parametrize("spec, perm, taken", [
+    (_BATCHED, (0, 2, 1), True),              # the swapped dot: no transpose left
+    (_BATCHED, (2, 0, 1), False),             # the batch dim moved: no dot computes it
+    (_BATCHED, (1, 2, 0), False),
+    (_TWO_FREE, (0, 2, 1, 3), True),          # lhs free dims reordered in the lhs
+    (_TWO_FREE, (0, 3, 2, 1), True),          # swapped, the lhs free dims reordered
+    (_TWO_FREE, (0, 2, 3, 1), False),         # the two operands' free dims interleaved
+    (_TWO_BATCH, (1, 0, 2, 3), True),         # batch dims reordered in both operands
+    (_TWO_BATCH, (1, 0, 3, 2), True),
+    (_TWO_BATCH, (1, 3, 0, 2), False),
+])
+def test_a_transpose_a_dot_computes_whole_is_taken_into_the_dot(spec, perm, taken):
+    # the program's weight gradient transpose(dy^T x) is XLA's x^T dy
+    assert _absorbable(spec, perm) == taken
+    before, g = _normal(_transposed_dot(spec, perm), [spec["lhs"], spec["rhs"]])
+    if not taken:
+        assert _form(before) == _form(g)
+        return
+    _agree(before, g, [spec["lhs"], spec["rhs"]])
+    assert next(op for op in g.ops if op.output == g.outputs[0]).kind == "dot_general"
+
+
+@pytest.mark.parametrize("spec", [_BATCHED, _TWO_FREE, _TWO_BATCH])
+def test_a_transposed_dot_and_its_swapped_dot_reach_one_form(spec):
+    # whichever operand order a side writes, a value a dot computes reaches one form:
+    # every perm, dot(x, y) transposed by perm against dot(y, x) transposed by the perm
+    # that gives the same value; one no dot computes stays a transpose on both sides
+    nb = len(spec["lb"])
+    nl = len(spec["out"]) - nb - (len(spec["rhs"]) - nb - len(spec["rc"]))
+    rank = len(spec["out"])
+    # dot(y, x)'s dims as dot(x, y)'s: batch, then y's free dims (x's after)
+    swapped = list(range(nb)) + list(range(nb + nl, rank)) + list(range(nb, nb + nl))
+    for perm in itertools.permutations(range(rank)):
+        def build(b, x, y, perm=perm):
+            d = _dot(b, y, x, tuple(spec["out"][j] for j in swapped), spec["rc"], spec["lc"],
+                     spec["rb"], spec["lb"])
+            q = tuple(swapped.index(j) for j in perm)
+            return b.op("transpose", [d], tuple(spec["out"][j] for j in perm), "float32",
+                        {"permutation": q})
+        before_one, one = _normal(_transposed_dot(spec, perm), [spec["lhs"], spec["rhs"]])
+        before, other = _normal(build, [spec["lhs"], spec["rhs"]])
+        if _absorbable(spec, perm):
+            assert _form(one) == _form(other), perm
+            _agree(before, other, [spec["lhs"], spec["rhs"]])
+        else:      # (the operands in dot_layout's standard order at most)
+            for h in (one, other):
+                assert next(op for op in h.ops if op.output == h.outputs[0]).kind \
+                    == "transpose", perm
+        _agree(before_one, one, [spec["lhs"], spec["rhs"]])
+
+
+def _gathered_dot(transpose_first: bool, perm=(1, 0)):
+    # k = x @ w on each rank's rows, gathered over 2 ranks and transposed (k^T for q k^T)
+    def build(b, x, w):
+        d = _dot(b, x, w, (3, 4), (1,), (0,))
+        if transpose_first:
+            t = b.op("transpose", [d], (4, 3), "float32", {"permutation": perm})
+            return b.op("all_gather", [t], (4, 6), "float32", {"dimension": 1, "groups": [[0, 1]]})
+        gathered = b.op("all_gather", [d], (6, 4), "float32", {"dimension": 0, "groups": [[0, 1]]})
+        return b.op("transpose", [gathered], (4, 6), "float32", {"permutation": perm})
+    return build
+
+
+def test_a_transposed_gather_of_a_dot_is_the_gather_of_the_swapped_dot():
+    # XLA gathers k = x @ w and transposes it; the program's k^T is w^T x^T
+    before, g = _normal(_gathered_dot(False), [(3, 5), (5, 4)])
+    assert [op.kind for op in g.ops if op.kind != "transpose"] == ["dot_general", "all_gather"]
+    gather = g.ops[-1]
+    assert gather.output == g.outputs[0] and gather.params["dimension"] == 1
+    _agree(before, g, [(3, 5), (5, 4)], ranks=2)
+    _, other = _normal(_gathered_dot(True), [(3, 5), (5, 4)])
+    assert _form(g) == _form(other)
+
+
+def test_a_transpose_through_two_gathers_is_the_gathers_of_the_swapped_dot():
+    # a batched dot [h, s, t] gathered along s over [[0, 1], [2, 3]], then along h over
+    # [[0, 2], [1, 3]], then transposed to [h, t, s]: the dot takes the swap, its
+    # gathers' dims moved alike
+    def build(b, x, y):
+        d = _dot(b, x, y, (2, 3, 4), (2,), (1,), (0,), (0,))
+        g1 = b.op("all_gather", [d], (2, 6, 4), "float32",
+                  {"dimension": 1, "groups": [[0, 1], [2, 3]]})
+        g2 = b.op("all_gather", [g1], (4, 6, 4), "float32",
+                  {"dimension": 0, "groups": [[0, 2], [1, 3]]})
+        return b.op("transpose", [g2], (4, 4, 6), "float32", {"permutation": (0, 2, 1)})
+    shapes = [(2, 3, 5), (2, 5, 4)]
+    before, g = _normal(build, shapes)
+    assert not [op for op in g.ops if op.kind == "transpose" and op.output in g.outputs]
+    assert [op.params["dimension"] for op in g.ops if op.kind == "all_gather"] == [2, 0]
+    _agree(before, g, shapes, ranks=4)
+
+    def build_swapped(b, x, y):       # the same value, the dot transposed before gathering
+        d = _dot(b, x, y, (2, 3, 4), (2,), (1,), (0,), (0,))
+        t = b.op("transpose", [d], (2, 4, 3), "float32", {"permutation": (0, 2, 1)})
+        g1 = b.op("all_gather", [t], (2, 4, 6), "float32",
+                  {"dimension": 2, "groups": [[0, 1], [2, 3]]})
+        return b.op("all_gather", [g1], (4, 4, 6), "float32",
+                    {"dimension": 0, "groups": [[0, 2], [1, 3]]})
+    before2, other = _normal(build_swapped, shapes)
+    _agree(before2, other, shapes, ranks=4)
+    assert _form(g) == _form(other)
+
+
+def test_a_transposed_gather_of_a_dot_moving_its_batch_dim_stays():
+    def build(b, x, y):
+        d = _dot(b, x, y, (2, 3, 4), (2,), (1,), (0,), (0,))
+        g1 = b.op("all_gather", [d], (2, 6, 4), "float32", {"dimension": 1, "groups": [[0, 1]]})
+        return b.op("transpose", [g1], (6, 2, 4), "float32", {"permutation": (1, 0, 2)})
+    g, ids = _graph(build, [(2, 3, 5), (2, 5, 4)])
+    assert not simplify_graph(g, ids)
+
+
+def test_a_transposed_gather_of_no_dot_stays():
+    def build(b, x):
+        gathered = b.op("all_gather", [x], (6, 4), "float32", {"dimension": 0, "groups": [[0, 1]]})
+        return b.op("transpose", [gathered], (4, 6), "float32", {"permutation": (1, 0)})
+    g, ids = _graph(build, [(3, 4)])
+    assert not simplify_graph(g, ids)
+
+
+# --------------------------------------------------- concatenations and slices
+def test_a_transposed_concatenation_is_the_concatenation_of_the_transposes():
+    def build(b, x, y):
+        cat = b.op("concatenate", [x, y], (5, 3, 2), "float32", {"dimension": 0})
+        return b.op("transpose", [cat], (3, 2, 5), "float32", {"permutation": (1, 2, 0)})
+    g = _check(build, [(2, 3, 2), (3, 3, 2)], set())
+    (cat,) = [op for op in g.ops if op.kind == "concatenate"]
+    assert cat.output == g.outputs[0] and cat.params["dimension"] == 2
+
+
+def test_the_weight_gradients_of_a_concatenation_transposed_meet_the_swapped_dots():
+    # the program's fused QKV gradient: transpose(concat(dy_i^T x)); XLA's concat(x^T dy_i)
+    def build(b, x, d1, d2):
+        parts = [_dot(b, d, x, (4, 5), (0,), (0,)) for d in (d1, d2)]
+        cat = b.op("concatenate", parts, (8, 5), "float32", {"dimension": 0})
+        return b.op("transpose", [cat], (5, 8), "float32", {"permutation": (1, 0)})
+
+    def build_xla(b, x, d1, d2):
+        parts = [_dot(b, x, d, (5, 4), (0,), (0,)) for d in (d1, d2)]
+        return b.op("concatenate", parts, (5, 8), "float32", {"dimension": 1})
+    shapes = [(6, 5), (6, 4), (6, 4)]
+    before, g = _normal(build, shapes)
+    _agree(before, g, shapes)
+    _, xla = _normal(build_xla, shapes)
+    assert _form(g) == _form(xla)
+
+
+@pytest.mark.parametrize("strides", [None, (1, 2, 1)])
+def test_a_transposed_slice_is_the_slice_of_the_transpose(strides):
+    def build(b, x):
+        shape = (2, 2 if strides else 3, 4)
+        s = b.op("slice", [x], shape, "float32", {"start_indices": (1, 0, 0),
+                 "limit_indices": (3, 4 if strides else 3, 4), "strides": strides})
+        return b.op("transpose", [s], (shape[2], shape[0], shape[1]), "float32",
+                    {"permutation": (2, 0, 1)})
+    g = _check(build, [(4, 5, 4)], set())
+    assert [op.kind for op in g.ops] == ["transpose", "slice"]
+
+
+@pytest.mark.parametrize("start", [1, 3])     # 3: clamped to 2 in its own dim
+def test_a_transposed_dynamic_slice_is_the_dynamic_slice_of_the_transpose(start):
+    def build(b, x):
+        i = b.constant(np.int32(start), (), "int32")
+        z = b.constant(np.int32(0), (), "int32")
+        s = b.op("dynamic_slice", [x, z, i], (3, 2), "float32", {"slice_sizes": (3, 2)})
+        return b.op("transpose", [s], (2, 3), "float32", {"permutation": (1, 0)})
+    g, ids = _graph(build, [(3, 4)])
+    before = copy.deepcopy(g)
+    # (a dynamic slice at literal starts is a slice first: simplify_sink.literal_dynamic_slice)
+    assert simplify_graph(g, ids)
+    assert [op.kind for op in g.ops if op.kind != "constant"] == ["transpose", "slice"]
+    _agree(before, g, [(3, 4)])
+
+
+def test_a_transposed_dynamic_slice_at_a_rank_offset_is_the_dynamic_slice_of_the_transpose():
+    # the all-to-all of Ulysses as a gather and a slice at the rank's offset
+    def build(b, x):
+        gathered = b.op("all_gather", [x], (4, 6), "float32", {"dimension": 0, "groups": [[0, 1]]})
+        r = b.op("axis_index", [], (), "int32", {"axis": "_flat"})
+        three = b.constant(np.int32(3), (), "int32")
+        off = b.op("mul", [r, three], (), "int32")
+        z = b.constant(np.int32(0), (), "int32")
+        s = b.op("dynamic_slice", [gathered, z, off], (4, 3), "float32", {"slice_sizes": (4, 3)})
+        return b.op("transpose", [s], (3, 4), "float32", {"permutation": (1, 0)})
+    g, ids = _graph(build, [(2, 6)])
+    before = copy.deepcopy(g)
+    assert simplify_graph(g, ids)
+    (ds,) = [op for op in g.ops if op.kind == "dynamic_slice"]
+    assert ds.output == g.outputs[0] and ds.params["slice_sizes"] == (3, 4)
+    _agree(before, g, [(2, 6)], ranks=2)
+
+
+# --------------------------------------------------------------- broadcasts
+@pytest.mark.parametrize("mid, out, dims, kept", [
+    ((1, 8), (1, 8, 8), (0, 1), (1,)),       # the program's mask: iota reshaped to [1, n]
+    ((1, 8), (3, 8, 8), (0, 2), (2,)),       # the size-1 dim repeated along a longer dim
+    ((8, 1), (8, 4), (0, 1), (0,)),
+    ((2, 1, 3), (3, 5, 2), (2, 1, 0), (2, 0)),  # dims out of order
+])
+def test_a_broadcast_of_inserted_size_1_dims_broadcasts_the_operand(mid, out, dims, kept):
+    src = tuple(s for s in mid if s != 1)
+
+    def build(b, x):
+        r = b.op("reshape", [x], mid, "float32")
+        return b.op("broadcast_in_dim", [r], out, "float32", {"broadcast_dimensions": dims})
+    g = _check(build, [src], {"reshape"})
+    assert tuple(g.ops[-1].params["broadcast_dimensions"]) == kept
+
+
+def test_a_broadcast_of_a_merging_reshape_stays():
+    def build(b, x):
+        r = b.op("reshape", [x], (1, 8), "float32")
+        return b.op("broadcast_in_dim", [r], (3, 8), "float32", {"broadcast_dimensions": (0, 1)})
+    g, ids = _graph(build, [(2, 4)])
+    assert not simplify_graph(g, ids)
+
+
+# ------------------------------------------------------------- compiled examples
+def test_compiled_allgather_kv_gradients_verify_and_the_summed_loss_twin_is_located(tmp_path):
+    cp = example_module("context_parallel_allgather_kv")
+    assert_compiled_case_and_twin(tmp_path, cp.cp_allgather_kv_grads(),
+                                  cp.cp_bug_loss_summed_over_cp(), dumped=True)
