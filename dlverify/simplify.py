@@ -82,6 +82,7 @@ from dlverify.rewrites import _drop_newly_dead, _unused
 from dlverify.simplify_compiled import compiled_forms
 from dlverify.simplify_forms import _merge_groups
 from dlverify.simplify_moves import _MoveRules
+from dlverify.simplify_layouts import _LayoutRules
 from dlverify.simplify_sink import _SinkRules
 
 # op kind -> (neutral value, operand positions it may take)
@@ -95,7 +96,7 @@ _NEUTRAL: dict[str, tuple[float, tuple[int, ...]]] = {
 _PASSES = 16
 
 
-class _Simplifier(_MoveRules, _SinkRules):
+class _Simplifier(_MoveRules, _SinkRules, _LayoutRules):
     """One pass (`run`) in op order, so every producer is seen before its readers;
     op creation, aliases and folds as in rewrites._Rewriter; the rules of
     dlverify/simplify_forms.py, simplify_sink.py and simplify_moves.py too."""
@@ -506,7 +507,7 @@ class _Simplifier(_MoveRules, _SinkRules):
                     or self.negative_power(op)
                     or self.dot_layout(op) or self.sink_reshape(op)
                     or self.unit_dims_into_dot(op) or self.unit_dims_batched(op)
-                    or self.unit_dims_into_broadcast(op) or self.swapped_dot(op)
+                    or self.unit_dims_into_broadcast(op) or self.layouts(op)
                     or self.transpose_into_all_reduce(op) or self.all_reduce_of_concatenate(op)
                     or self.reshape_out_of_all_gather(op)
                     or self.transpose_out_of_all_gather(op) or self.literal_dynamic_slice(op)
@@ -539,17 +540,21 @@ def simplify_graph(graph: Graph, ids: IdAllocator, assumptions: list[str] | None
     alias: dict[int, int] = {}      # every pass's: tensor -> the tensor now holding its value
     # One pass simplifies whole chains (aliases and new producers are seen by
     # the ops after them); a few more catch what a rewrite newly exposes.
-    for _ in range(_PASSES):
-        simplifier = _Simplifier(graph, ids, assumptions)
-        if not simplifier.run():
-            break
-        alias.update(simplifier.alias)
-        changed = True
-    else:
-        if notes is not None:
-            notes.append(f"the {graph.name} program's normal form (dlverify/simplify.py) was still "
-                         f"changing after {_PASSES} passes: a failure may come from that, not from "
-                         f"the program")
+    # (most of simplify_layouts.py's rules join once the others settled: see `late` there)
+    for late in (False, True):
+        for _ in range(_PASSES):
+            simplifier = _Simplifier(graph, ids, assumptions)
+            simplifier.late = late
+            if not simplifier.run():
+                break
+            alias.update(simplifier.alias)
+            changed = True
+        else:
+            note = (f"the {graph.name} program's normal form (dlverify/simplify.py) was still "
+                    f"changing after {_PASSES} passes: a failure may come from that, not from "
+                    f"the program")
+            if notes is not None and note not in notes:
+                notes.append(note)
     if changed:
         _drop_newly_dead(graph, unused)
         _retarget_folded(graph, alias)

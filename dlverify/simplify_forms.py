@@ -16,12 +16,11 @@ reductions.
   deletes the size-1 group dim around the attention dots and the softmax's
   row statistics; the program batches over the group dim, of which a rank
   holds a block of size 1. A size-1 dim of one operand only stays free.
-* transposed dots: a transpose putting a dot's rhs free dims before its lhs
-  free dims is the dot of the swapped operands (the program's weight gradient
-  is transpose(dy^T x), XLA's x^T dy), and a transpose of an all-reduce is the
-  all-reduce of the transpose, so a dot summed over ranks before its transpose
-  meets it too. An all-reduce of a concatenation is the concatenation of its
-  pieces' all-reduces (each piece a dot's partial sum, reduced alone).
+* transposes meet dots (dlverify/simplify_layouts.py takes a dot's transpose into
+  the dot): a transpose of an all-reduce is the all-reduce of the transpose, so a
+  dot summed over ranks before its transpose meets it too. An all-reduce of a
+  concatenation is the concatenation of its pieces' all-reduces (each piece a
+  dot's partial sum, reduced alone).
 * reductions read no reshape of whole groups: a reduction over dims of a
   reshape that are whole groups of it (a run of the operand's dims reshaped
   into a run of the result's dims, e.g. [8, 16, 4] -> [8, 64] reducing dim 1)
@@ -314,61 +313,10 @@ class _FormRules(_Rewriter):
         self.new_op("reshape", [inner], out, dtype, {}, op, output=op.output)
         return True
 
-    def swapped_dot(self, op: Op) -> bool:
-        """A transpose that puts a dot's rhs free dims before its lhs free dims
-        (batch dims in place, each group in its order) is the dot with its
-        operands swapped: the program's weight gradient is transpose(dy^T x),
-        XLA's is x^T dy. Also through a reshape of the dot's result that merges runs
-        of dims inside each group (sink_dot_reshape puts one there): the swapped
-        dot is then reshaped alike."""
-        if op.kind != "transpose":
-            return False
-        d = self.producer.get(op.inputs[0])
-        r = None
-        if d is not None and d.kind == "reshape":
-            r, d = d, self.producer.get(d.inputs[0])
-        if d is None or d.kind != "dot_general" or len(d.inputs) != 2:
-            return False
-        p = d.params
-        nb = len(p["lhs_batch"])
-        nl = len(self.shape(d.inputs[0])) - nb - len(p["lhs_contract"])
-        nr = len(self.shape(d.inputs[1])) - nb - len(p["rhs_contract"])
-        if nl == 0 or nr == 0:
-            return False
-        dshape = self.shape(d.output)
-        groups = [[i] for i in range(len(dshape))] if r is None else \
-            _merge_groups(dshape, self.shape(r.output))
-        if groups is None:
-            return False
-        regions = []   # per transposed dim: 0 batch, 1 lhs free, 2 rhs free
-        for g in groups:
-            regs = {0 if i < nb else 1 if i < nb + nl else 2 for i in g if dshape[i] != 1}
-            if len(regs) > 1:
-                return False
-            regions.append(regs.pop() if regs else (0 if g[0] < nb else 1 if g[0] < nb + nl else 2))
-        if regions != sorted(regions):
-            return False
-        b, lf, rf = ([k for k, reg in enumerate(regions) if reg == want] for want in (0, 1, 2))
-        if not lf or not rf or tuple(op.params["permutation"]) != tuple(b + rf + lf):
-            return False
-        q = dict(p)
-        for role in ("batch", "contract"):
-            q[f"lhs_{role}"], q[f"rhs_{role}"] = p[f"rhs_{role}"], p[f"lhs_{role}"]
-        dtype = self.g.tensors[op.output].dtype
-        # (at the dot's source: a failure there is the dot's, e.g. its partial sums)
-        if r is None:
-            self.new_op("dot_general", [d.inputs[1], d.inputs[0]], self.shape(op.output),
-                        dtype, q, d, output=op.output)
-            return True
-        swapped = tuple(dshape[:nb]) + tuple(dshape[nb + nl:]) + tuple(dshape[nb:nb + nl])
-        dot = self.new_op("dot_general", [d.inputs[1], d.inputs[0]], swapped, dtype, q, d)
-        self.new_op("reshape", [dot], self.shape(op.output), dtype, {}, op, output=op.output)
-        return True
-
     def transpose_into_all_reduce(self, op: Op) -> bool:
         """A transpose of an all-reduce is the all-reduce of the transpose (each
         rank permutes its positions alike, and the reduction is position by
-        position): transposes meet the dot they belong to (`swapped_dot`) where
+        position): transposes meet the dot they belong to (simplify_layouts.py) where
         the program sums a dot's partial results first (a weight gradient over a
         split contraction dim)."""
         if op.kind != "transpose":
