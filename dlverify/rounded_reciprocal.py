@@ -4,9 +4,12 @@ XLA rewrites `x / d` for a floating-point literal d into `x * c` with c the
 reciprocal 1/d rounded to the dtype. Over the reals the two differ unless 1/d
 is exact (a power of two: `x * 0.03125` is `x / 32`, which simplify.py's
 exact_scaling reads as the division). When one program divides by d and the
-other multiplies by exactly that rounded reciprocal, the division is rewritten
-into the multiplication, and the rounding is listed as an assumption naming
-both literals: the verdict then speaks of the program as XLA computes it.
+other multiplies by exactly that rounded reciprocal (or by it folded with a
+literal b the quotient is then multiplied by: XLA turns `(x / d) * b` into
+`x * fl(fl(1/d) * b)`, an Adam step's `lr * m / (1 - beta1^t)`), the division is
+rewritten into the multiplication (simplify.py's literal_product then folds the
+b), and the rounding is listed as an assumption naming both literals: the
+verdict then speaks of the program as XLA computes it.
 Nothing else is rewritten: a multiplier that is not the rounded reciprocal of
 a divisor of the other program (a wrong scale) stays a multiplication, and a
 program that divides on both sides keeps its divisions.
@@ -50,10 +53,23 @@ def _multipliers(g: Graph) -> set[tuple[float, str]]:
     return out
 
 
+def _literal_scales(g: Graph, producer: dict[int, Op]) -> dict[int, set[float]]:
+    """For each tensor, the literals some product multiplies it by."""
+    out: dict[int, set[float]] = {}
+    for op in g.ops:
+        if op.kind == "mul" and len(op.inputs) == 2:
+            for pos in (0, 1):
+                lit = _literal(g, producer, op.inputs[1 - pos])
+                if lit is not None and lit[1] == g.tensors[op.inputs[pos]].dtype:
+                    out.setdefault(op.inputs[pos], set()).add(lit[0])
+    return out
+
+
 def _rewrite(g: Graph, ids: IdAllocator, wanted: set[tuple[float, str]],
              assumptions: list[str]) -> bool:
     """Divisions of `g` by a literal d whose rounded reciprocal is in `wanted`."""
     producer = {op.output: op for op in g.ops}
+    scaled_by = _literal_scales(g, producer)
     changed = False
     ops: list[Op] = []
     for op in g.ops:
@@ -65,7 +81,13 @@ def _rewrite(g: Graph, ids: IdAllocator, wanted: set[tuple[float, str]],
             continue
         d, dtype = lit
         c = float(np.asarray(1.0, dtype) / np.asarray(d, dtype))
-        if (c, dtype) not in wanted or Fraction(c) * Fraction(d) == 1:
+        if Fraction(c) * Fraction(d) == 1:
+            continue
+        # the rounded reciprocal itself, or folded with a literal the quotient is then
+        # multiplied by (XLA folds (x * fl(1/d)) * b into x * fl(fl(1/d) * b))
+        folded = {(float(np.asarray(c, dtype) * np.asarray(b, dtype)), dtype)
+                  for b in scaled_by.get(op.output, ())}
+        if (c, dtype) not in wanted and not folded & wanted:
             continue
         divisor = producer[op.inputs[1]]
         # the rounded reciprocal as a new literal (the divisor may have other readers)

@@ -52,3 +52,48 @@ def test_other_scales_exact_reciprocals_and_divisions_on_both_sides_stay():
         assumptions: list[str] = []
         assert not match_rounded_reciprocals(seq, dist, ids, assumptions)
         assert [op.kind for op in seq.ops][-1] == "div" and assumptions == []
+
+
+def _quotient_scaled(ids, d, b):
+    """(x / d) * b, both broadcast literals: the sequential form of `b * x / d`."""
+    g = Graph("quotient")
+    gb = GraphBuilder(g, ids)
+    x = gb.tensor((4, 4), "float32", "x")
+    g.inputs = [x]
+
+    def lit(v):
+        return gb.op("broadcast_in_dim", [gb.constant(np.float32(v), (), "float32")], (4, 4),
+                     "float32", {"broadcast_dimensions": ()})
+    q = gb.op("div", [x, lit(d)], (4, 4), "float32")
+    g.outputs = [gb.op("mul", [q, lit(b)], (4, 4), "float32")]
+    return g
+
+
+D, B = np.float32(0.271), np.float32(0.001)           # Adam's 1 - beta1^3, a learning rate
+FOLDED = (np.float32(1) / D) * B                       # XLA: x * fl(fl(1/d) * b)
+
+
+def test_a_quotient_then_scaled_meets_the_folded_multiplier():
+    from dlverify.simplify import simplify_graph
+    ids = IdAllocator()
+    seq, dist = _quotient_scaled(ids, D, B), _scaled(ids, "mul", FOLDED)
+    assumptions: list[str] = []
+    assert match_rounded_reciprocals(seq, dist, ids, assumptions)
+    assert assumptions == ["x / 0.271 computed as x * 3.690037, the reciprocal rounded to float32, "
+                           "as XLA's algebraic simplifier does"]
+    simplify_graph(seq, ids, assumptions)     # literal_product folds the two multipliers
+    muls = [op for op in seq.ops if op.kind == "mul"]
+    assert len(muls) == 1
+    x = np.random.default_rng(1).standard_normal((4, 4)).astype(np.float32)
+    np.testing.assert_array_equal(_run(seq, x), _run(dist, x))   # the same arithmetic as XLA's
+    # over the reals the folded literal is not b / d: the rounding is stated, not hidden
+    assert any("literal product 3.690037 * 0.001" in a for a in assumptions)
+
+
+def test_a_quotient_scaled_by_another_literal_stays():
+    ids = IdAllocator()
+    wrong = (np.float32(1) / D) * np.float32(0.002)     # a learning rate twice as large
+    seq, dist = _quotient_scaled(ids, D, B), _scaled(ids, "mul", wrong)
+    assumptions: list[str] = []
+    assert not match_rounded_reciprocals(seq, dist, ids, assumptions)
+    assert [op.kind for op in seq.ops].count("div") == 1 and assumptions == []
