@@ -11,6 +11,7 @@ import networkx as nx
 from dlverify import ir
 from dlverify import schema as S
 from dlverify.correspondence import counterpart_failure
+from dlverify.diagnosis_origin import earliest_origin, origin, scaled_operand
 from dlverify.ir import Graph, Op
 from dlverify.outputs import infer_output_relation
 from dlverify.partial_tags import TRANS_BASE, full_size, group_class, is_group_axis, reindexing
@@ -41,6 +42,14 @@ class Judge:
         self.seq_prod = problem.seq.producer()
         self.dist_prod = problem.dist.producer()
         self.inferred: list[str] = []  # output relations inferred from the views
+
+    def _origin(self, d: int, r: int, vs: list[ViewFact]) -> Op | None:
+        return origin(self.dist_prod, self.by_dist, d, r, vs)   # diagnosis_origin.py
+
+    @functools.cached_property
+    def _order(self) -> dict[int, int]:
+        """Distributed op id -> its position in the program."""
+        return {op.id: i for i, op in enumerate(self.p.dist.ops)}
 
     @functools.cached_property
     def by_seq_dist(self) -> dict[tuple[int, int, int], list[ViewFact]]:
@@ -169,6 +178,10 @@ class Judge:
             if never is not None:
                 out.append(never)
                 continue
+            scaled = self._scaled_operand_failure(op, ranks)
+            if scaled is not None:
+                out.append(scaled)
+                continue
             kind, reason = self.reason(op, ranks, live)
             msg = (f"no relation to the sequential program derived for the output of "
                    f"{op.kind} on ranks {list(ranks)}")
@@ -187,6 +200,25 @@ class Judge:
                                f"program but no distributed value equals (a block of) its output",
                                "sequential", op.loc.frames, kind="sequential-frontier"))
         return out
+
+    def _scaled_operand_failure(self, op: Op, ranks: tuple[int, ...]) -> Failure | None:
+        """A frontier op reading an operand that is c x its sequential value (c != 1):
+        reported where the factor enters (dlverify/diagnosis_origin.py)."""
+        if (found := scaled_operand(self.by_dist, op, ranks[0])) is None:
+            return None
+        pos, vs = found
+        entry_view = earliest_origin(self.dist_prod, self.by_dist, self.seq_prod, self._order,
+                                     op.inputs[pos], ranks[0], vs)
+        if entry_view is None or entry_view[0].id == op.id:
+            return None
+        entry, at = entry_view
+        msg = (f"{entry.kind} makes {self.view_text(at)} on rank {ranks[0]}, a value "
+               f"{scale_value(at.scale)} times the sequential one; the factor is carried to "
+               f"{self.op_desc(op)}, which reads operand {pos} as {self.view_text(vs[0])}: a "
+               f"factor such as the world size applied twice, or not at all?")
+        return Failure(entry.kind, entry.loc.file, entry.loc.line, msg, "distributed",
+                       entry.loc.frames, ranks, kind="scale-mismatch",
+                       operand_views={q: self.operand_views(entry, q) for q in ranks})
 
     def _drop_bridged(self, dist_ops: list[int], dist_anc: set[int]) -> None:
         """Forget the ranks on which a frontier op's result is bridged: every consumer
@@ -245,7 +277,7 @@ class Judge:
         for t in op.inputs:
             for v in self.by_dist.get((t, rank), []):
                 if v.partial is not None:
-                    origin = self.origin(t, rank, [v]) or op
+                    origin = self._origin(t, rank, [v]) or op
                     if origin.output in self._merged_later:
                         continue
                     kind = v.partial.reducer_name
@@ -289,7 +321,7 @@ class Judge:
         if holders & live:
             return None
         v, gaps = mine[0], gaps_of[0]
-        origin = self.origin(x, rank, [v]) or op
+        origin = self._origin(x, rank, [v]) or op
         red = v.partial.reducer_name
         missing = ", ".join(f"[{lo}:{hi})" for lo, hi in gaps)
         fate = ("they are computed but dropped: no value the outputs depend on holds them"
@@ -509,7 +541,7 @@ class Judge:
             for r in bad[:1] if len(bad) > 1 else bad:
                 vs = self.by_seq_dist.get((s, d, r), [])
                 # a partial result of a collective whose operand lacks terms on every rank
-                made = self.origin(d, r, vs) if vs and vs[0].partial is not None else None
+                made = self._origin(d, r, vs) if vs and vs[0].partial is not None else None
                 lost = (self._missing_terms(made, r, live)
                         if made is not None and made.kind in ("all_reduce", "reduce_scatter") else None)
                 if lost is not None:
@@ -539,7 +571,10 @@ class Judge:
                                f"({self.view_text(v)})")
                     elif v.scale != UNIT_SCALE:
                         kind = "scale-mismatch"
-                        entry = self.origin(d, r, vs)
+                        found = earliest_origin(self.dist_prod, self.by_dist, self.seq_prod,
+                                                self._order, d, r,
+                                                [w for w in vs if w.partial is None])
+                        entry = found[0] if found else None
                         msg = (f"{name} on rank {r} is {scale_value(v.scale)} times the sequential "
                                f"value: scale differs by {scale_value(v.scale)}"
                                + (f" (the factor enters at {self.op_desc(entry)})" if entry else ""))
@@ -551,7 +586,9 @@ class Judge:
                     msg += f" (ranks {bad} fail)"
                 loc_op = prod
                 if vs and vs[0].partial is not None:
-                    loc_op = self.origin(d, r, vs) or prod
+                    loc_op = self._origin(d, r, vs) or prod
+                elif kind == "scale-mismatch" and entry is not None:
+                    loc_op = entry
                 frames = loc_op.loc.frames if loc_op else ()
                 out.append(Failure(loc_op.kind if loc_op else "output",
                                    loc_op.loc.file if loc_op else "", loc_op.loc.line if loc_op else 0,
@@ -560,28 +597,3 @@ class Judge:
                                                       self.by_seq_dist.get((s, d, q), [])[:3]]
                                                   or ["no view"] for q in bad}))
         return out
-
-    def origin(self, d: int, r: int, vs: list[ViewFact]) -> Op | None:
-        """The distributed op where what is wrong with d's view first appears: the op
-        that created its partial tag, or that introduced its scale."""
-        if not vs:
-            return self.dist_prod.get(d)
-        v = vs[0]
-        t = d
-        seen = set()
-        while t in self.dist_prod and t not in seen:
-            seen.add(t)
-            op = self.dist_prod[t]
-            nxt = None
-            for i in op.inputs:
-                for w in self.by_dist.get((i, r), []):
-                    if (v.partial is not None and w.partial == v.partial) or \
-                            (v.partial is None and v.scale != UNIT_SCALE and w.scale == v.scale):
-                        nxt = i
-                        break
-                if nxt is not None:
-                    break
-            if nxt is None:
-                return op
-            t = nxt
-        return self.dist_prod.get(d)

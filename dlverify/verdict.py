@@ -97,7 +97,7 @@ FAILURE_KINDS = {
     "wrong-group": "a collective reduces over ranks whose terms do not tile the reduction",
     "not-adjacent": "an all-gather concatenates blocks that are not adjacent in group order",
     "operand-mismatch": "the operands hold different blocks of the sequential values",
-    "scale-mismatch": "an output is a constant multiple of the sequential output",
+    "scale-mismatch": "a value is a constant multiple of the sequential one (reported where the factor enters)",
     "wrong-block": "an output holds another block than its output relation requires",
     "sequential-frontier": "a sequential op whose output no distributed value matches",
     "double-counted-terms": "partial terms of overlapping ranges of one sum are added",

@@ -1,0 +1,120 @@
+"""Where what is wrong with a distributed value first appears (for dlverify/diagnosis.py).
+
+A value with a partial tag was made partial by one op (a contraction over a split
+dim, a masked update); a value that is c times its sequential counterpart got the
+factor c from one op (a division by the wrong world size, a second division, a
+missing one). Linear ops carry the tag or the factor along unchanged, so the
+first op on the way back whose operands do not carry it is where it entered: the
+line to fix, rather than the output or the first nonlinear op (a square root, an
+exponential) where the mismatch is finally seen.
+"""
+from __future__ import annotations
+
+from dlverify.ir import Op
+from dlverify.verdict import UNIT_SCALE, ViewFact
+
+
+def origin(dist_prod: dict[int, Op], by_dist: dict[tuple[int, int], list[ViewFact]], d: int,
+           r: int, vs: list[ViewFact], seq_prod: dict[int, Op] | None = None) -> Op | None:
+    """The distributed op where what is wrong with d's first view on rank r first
+    appears: the op that created its partial tag, or the op that introduced its
+    factor c (with `seq_prod`, the sequential producers: the walk goes on through an
+    operand holding the same sequential value with a factor, or a value the
+    sequential one is computed from with a factor of its own, as a product multiplies
+    them; an op whose operands hold those values unscaled introduced c)."""
+    if not vs:
+        return dist_prod.get(d)
+    found = walk(dist_prod, by_dist, d, r, vs[0], seq_prod)
+    return found[0] if found else dist_prod.get(d)
+
+
+def walk(dist_prod: dict[int, Op], by_dist: dict[tuple[int, int], list[ViewFact]], d: int,
+         r: int, v: ViewFact, seq_prod: dict[int, Op] | None) -> tuple[Op, ViewFact] | None:
+    """origin's walk from d's view v: the op found and its result's view it followed."""
+    t, seen = d, set()
+    while t in dist_prod and t not in seen:
+        seen.add(t)
+        op = dist_prod[t]
+        # an operand holding the same sequential value first, else one it is computed from
+        carried = sorted(((w.seq != v.seq, k, i, w) for k, i in enumerate(op.inputs)
+                          for w in by_dist.get((i, r), []) if _carries(v, w, seq_prod)),
+                         key=lambda c: c[:2])
+        if not carried:
+            return op, v
+        _, _, t, w = carried[0]
+        if v.partial is None:   # follow the factor as the operand's view holds it
+            v = w
+    return None
+
+
+def _carries(v: ViewFact, w: ViewFact, seq_prod: dict[int, Op] | None) -> bool:
+    """Operand view w carries what is wrong with the result's view v."""
+    if v.partial is not None:
+        return w.partial == v.partial
+    if v.scale == UNIT_SCALE or w.partial is not None or w.scale == UNIT_SCALE:
+        return False
+    if w.seq == v.seq:   # another factor too: a literal product one side only moved it
+        return True
+    return seq_prod is not None and _upstream(seq_prod, w.seq, v.seq)
+
+
+def _upstream(seq_prod: dict[int, Op], a: int, b: int, limit: int = 64) -> bool:
+    """Sequential tensor a is among the values b is computed from, within `limit` ops
+    back (the programs may group a computation differently: an add of a zero one side
+    folds away, a literal factor is applied before or after a product)."""
+    todo, seen = [b], {b}
+    while todo and len(seen) <= limit:
+        op = seq_prod.get(todo.pop())
+        for i in op.inputs if op is not None else ():
+            if i == a:
+                return True
+            if i not in seen:
+                seen.add(i)
+                todo.append(i)
+    return False
+
+
+def earliest_origin(dist_prod: dict[int, Op], by_dist: dict[tuple[int, int], list[ViewFact]],
+                    seq_prod: dict[int, Op], order: dict[int, int], d: int, r: int,
+                    vs: list[ViewFact]) -> tuple[Op, ViewFact] | None:
+    """Of the origins of d's views `vs` on rank r, the earliest in program order, with
+    its view. A value d relates to several sequential tensors with several factors (a
+    division by a literal both programs make moves the factor onto the quotient); the
+    earliest origin is where the factor that stays wrong entered. Only origins that
+    make the factor themselves count (introduces_factor). Returns the op and the view
+    of its result the walk reached."""
+    found = [ov for v in vs if (ov := walk(dist_prod, by_dist, d, r, v, seq_prod)) is not None
+             and (v.partial is not None or introduces_factor(by_dist, ov[0], r))]
+    return min(found, key=lambda ov: order[ov[0].id]) if found else None
+
+
+def scaled_operand(by_dist: dict[tuple[int, int], list[ViewFact]], op: Op,
+                   r: int) -> tuple[int, list[ViewFact]] | None:
+    """An operand of `op` that every view on rank r relates as a whole block scaled by
+    a factor other than 1 (and no view relates unscaled), when every operand has
+    views: the frontier is then a nonlinear op reading a value off by a constant
+    factor. Returns the operand's position and its views."""
+    found = None
+    for pos, t in enumerate(op.inputs):
+        vs = by_dist.get((t, r), [])
+        if not vs:
+            return None
+        if found is None and all(v.partial is None and v.scale != UNIT_SCALE for v in vs):
+            found = (pos, vs)
+    return found
+
+
+def introduces_factor(by_dist: dict[tuple[int, int], list[ViewFact]], op: Op, r: int) -> bool:
+    """No operand of `op` holds only partial sums on rank r (literals hold none): the
+    factor its result carries was made by the op itself (a one-sided division or
+    product), the line to fix. A collective completing partial sums that bring a
+    factor along (local means summed over the ranks) is not: the fix is the division
+    missing after it, which the output's own producer is nearer to."""
+    for i in op.inputs:
+        vs = by_dist.get((i, r), [])     # none: a literal
+        if vs and all(w.partial is not None for w in vs):
+            return False
+    return True
+
+
+__all__ = ["earliest_origin", "introduces_factor", "origin", "scaled_operand", "walk"]
