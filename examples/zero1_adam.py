@@ -61,14 +61,17 @@ def mean_grad_rows(g):
     return jax.lax.psum_scatter(g, "dp", scatter_dimension=0, tiled=True) / DP
 
 
-def zero1_step(grad_rows):
-    def local(w1, w2, x, y):
-        g1, g2 = jax.grad(loss, argnums=(0, 1))(w1, w2, x, y)
-        p1, m1, v1 = adam(_rows(w1), grad_rows(g1))
-        p2, m2, v2 = adam(_rows(w2), grad_rows(g2))
-        return (jax.lax.all_gather(p1, "dp", axis=0, tiled=True),
-                jax.lax.all_gather(p2, "dp", axis=0, tiled=True), m1, m2, v1, v2)
-    return local
+def update_rows(w1, w2, g1, g2):
+    """Adam on this rank's rows with their gradient rows; the weights all-gathered."""
+    p1, m1, v1 = adam(_rows(w1), g1)
+    p2, m2, v2 = adam(_rows(w2), g2)
+    return (jax.lax.all_gather(p1, "dp", axis=0, tiled=True),
+            jax.lax.all_gather(p2, "dp", axis=0, tiled=True), m1, m2, v1, v2)
+
+
+def zero1_local(w1, w2, x, y):
+    g1, g2 = jax.grad(loss, argnums=(0, 1))(w1, w2, x, y)
+    return update_rows(w1, w2, mean_grad_rows(g1), mean_grad_rows(g2))
 
 
 def _dist(local_fn):
@@ -81,7 +84,7 @@ def _dist(local_fn):
 @dlverify.case
 def zero1_adam_step():
     return dlverify.Case(
-        seq=adam_seq, dist=_dist(zero1_step(mean_grad_rows)), args=_args(), expect="verified",
+        seq=adam_seq, dist=_dist(zero1_local), args=_args(), expect="verified",
         description="ZeRO-1 Adam step: reduce-scattered mean gradient, sharded moments, "
                     "all-gathered weights, DP=4")
 
@@ -90,10 +93,7 @@ def zero1_adam_step():
 
 def zero1_local_gradient(w1, w2, x, y):
     g1, g2 = jax.grad(loss, argnums=(0, 1))(w1, w2, x, y)  # BUG: local gradients, used unreduced
-    p1, m1, v1 = adam(_rows(w1), _rows(g1))
-    p2, m2, v2 = adam(_rows(w2), _rows(g2))
-    return (jax.lax.all_gather(p1, "dp", axis=0, tiled=True),
-            jax.lax.all_gather(p2, "dp", axis=0, tiled=True), m1, m2, v1, v2)
+    return update_rows(w1, w2, _rows(g1), _rows(g2))
 
 
 @dlverify.case
@@ -106,10 +106,7 @@ def zero1_bug_local_gradient():
 def zero1_divided_twice(w1, w2, x, y):
     g1, g2 = jax.grad(loss, argnums=(0, 1))(w1, w2, x, y)
     g1, g2 = mean_grad_rows(g1) / DP, mean_grad_rows(g2) / DP  # BUG: divided by the world size again
-    p1, m1, v1 = adam(_rows(w1), g1)
-    p2, m2, v2 = adam(_rows(w2), g2)
-    return (jax.lax.all_gather(p1, "dp", axis=0, tiled=True),
-            jax.lax.all_gather(p2, "dp", axis=0, tiled=True), m1, m2, v1, v2)
+    return update_rows(w1, w2, g1, g2)
 
 
 @dlverify.case
