@@ -513,6 +513,9 @@ def _gte(ins: HloInstruction, ops: list[HloShape], out: HloShape) -> None:
 def _check_call(callee: HloComputation, args: list[HloShape], what: str) -> HloShape:
     params = callee.parameters()
     if sorted(params) != list(range(len(args))):
+        if len(params) == len(args):   # as many, but not numbered 0..n-1
+            raise _Bad(f"{what} %{callee.name} numbers its parameters {sorted(params)}, not "
+                       f"0..{len(args) - 1} for its {len(args)} operands")
         raise _Bad(f"{what} %{callee.name} takes {len(params)} parameters but gets {len(args)} "
                    f"operands")
     for k, a in enumerate(args):
