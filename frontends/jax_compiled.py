@@ -174,4 +174,5 @@ def build_problem(seq_mod: HloModule, dist_mod: HloModule, pre_mod: HloModule | 
 
 
 __all__ = ["import_jax_compiled", "uses_shard_map", "build_problem", "dumped_after_optimizations",
+           "dumped_after_spmd",
            "DUMP_OPTIONS"]

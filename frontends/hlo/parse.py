@@ -40,7 +40,7 @@ from dlverify.frontends.hlo.text import (
     strip_comments_and_depth,
     unescape,
 )
-from dlverify.frontends.hlo.validate import validate_module
+from dlverify.frontends.hlo.validate import same_shape, validate_module
 
 from dlverify.errors import InputError, UnknownOpError
 
@@ -163,46 +163,27 @@ def _parse_signature(c: Cursor, named: bool = True) -> tuple[list[HloShape], Hlo
     return params, parse_shape(c)
 
 
-def _same_shape(a: HloShape, b: HloShape) -> bool:
-    """Equal element types and dims, tuples element by element (layouts aside)."""
-    if a.is_tuple or b.is_tuple:
-        return a.is_tuple and b.is_tuple and len(a.elements) == len(b.elements) and \
-            all(_same_shape(x, y) for x, y in zip(a.elements, b.elements))
-    return a.dtype == b.dtype and a.dims == b.dims
-
-
-def _shape_text(s: HloShape) -> str:
-    if s.is_tuple:
-        return "(" + ", ".join(_shape_text(e) for e in s.elements) + ")"
-    return f"{s.dtype}[{','.join(map(str, s.dims))}]"
-
-
-def _check_signature(cname: str, signature: tuple[list[HloShape], HloShape],
-                     instrs: list[HloInstruction], root: HloInstruction, file: str,
-                     line: int, at_line: bool = False) -> None:
+def _check_signature(cname: str, signature: tuple[list[HloShape], HloShape], comp: HloComputation,
+                     file: str, line: int, at_line: bool = False) -> None:
     """The header's signature must be the one the body has (XLA rejects a module
     whose computation says one thing and does another): as many parameters, each of
     its declared shape, and the ROOT's shape as the result. A mismatch is reported at
     the parameter or ROOT it concerns, or with `at_line` at `line` (the module header's
     entry_computation_layout: the header is what is wrong there)."""
     params, result = signature
-    body = {}
-    for ins in instrs:
-        if ins.opcode == "parameter" and ins.raw_operands.strip().isdigit():
-            body[int(ins.raw_operands.strip())] = ins
+    body = comp.parameters()
     if len(body) != len(params):
         raise InputError(f"computation {cname}: its signature has {len(params)} parameters, its "
                          f"body {len(body)}", file, line)
     for k, shape in enumerate(params):
         ins = body.get(k)
-        if ins is not None and not _same_shape(ins.shape, shape):
-            raise InputError(f"computation {cname}: parameter {k} is {_shape_text(shape)} in the "
-                             f"signature but {ins.name} is {_shape_text(ins.shape)}", file,
-                             line if at_line else ins.line)
-    if not _same_shape(root.shape, result):
-        raise InputError(f"computation {cname}: the signature returns {_shape_text(result)} but "
-                         f"ROOT {root.name} is {_shape_text(root.shape)}", file,
-                         line if at_line else root.line)
+        if ins is not None and not same_shape(ins.shape, shape):
+            raise InputError(f"computation {cname}: parameter {k} is {shape} in the signature but "
+                             f"{ins.name} is {ins.shape}", file, line if at_line else ins.line)
+    if not same_shape(comp.root.shape, result):
+        raise InputError(f"computation {cname}: the signature returns {result} but ROOT "
+                         f"{comp.root.name} is {comp.root.shape}", file,
+                         line if at_line else comp.root.line)
 
 
 def _parse_instruction(text: str, file: str, line: int) -> HloInstruction:
@@ -329,7 +310,7 @@ def parse_hlo_module(text: str, file: str) -> HloModule:
     tables = FrameTables()
     comps: dict[str, HloComputation] = {}
     entry_name: str | None = None
-    signatures: list = []   # (name, signature, instructions, root, line) of each computation
+    signatures: list = []   # (name, signature, line) of each computation that prints one
     table: str | None = None
 
     def logical(start: int) -> tuple[str, int]:
@@ -421,7 +402,7 @@ def parse_hlo_module(text: str, file: str) -> HloModule:
         if cname in comps:
             raise InputError(f"computation {cname} defined twice", file, comp_line)
         if signature is not None:
-            signatures.append((cname, signature, order, root, comp_line))
+            signatures.append((cname, signature, comp_line))
         comps[cname] = HloComputation(cname, order, seen, root, comp_line, is_entry)
         if is_entry:
             if entry_name is not None:
@@ -448,14 +429,14 @@ def parse_hlo_module(text: str, file: str) -> HloModule:
     module = HloModule(mname.lstrip("%"), file, attrs, comps, entry, tables)
     _check_rank_counts(module, header_line)
     validate_module(module)
-    for cname, signature, order, root, comp_line in signatures:   # after the instructions' own checks
-        _check_signature(cname, signature, order, root, file, comp_line)
+    for cname, signature, comp_line in signatures:   # after the instructions' own checks
+        _check_signature(cname, signature, comps[cname], file, comp_line)
     layout = attrs.get("entry_computation_layout")
     if layout is not None:   # the header's copy of the ENTRY signature
         lc = Cursor(layout.strip().removeprefix("{").removesuffix("}"), file, header_line)
         _check_signature(f"{entry.name} (entry_computation_layout of the header)",
-                         _parse_signature(lc, named=False) or ([], HloShape("tuple")),
-                         entry.instructions, entry.root, file, header_line, at_line=True)
+                         _parse_signature(lc, named=False) or ([], HloShape("tuple")), entry,
+                         file, header_line, at_line=True)
     return module
 
 

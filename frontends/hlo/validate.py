@@ -37,7 +37,7 @@ class _Bad(Exception):
     """A shape rule failed: the message, without the instruction's name."""
 
 
-def _same(a: HloShape, b: HloShape) -> bool:
+def same_shape(a: HloShape, b: HloShape) -> bool:
     """Equal element types and dims, ignoring layouts (tuples element-wise)."""
     stack = [(a, b)]
     while stack:
@@ -114,7 +114,7 @@ def _rule(*opcodes: str) -> Callable[[Rule], Rule]:
 def _unary(ins: HloInstruction, ops: list[HloShape], out: HloShape) -> None:
     _arity(ops, 1, ins.opcode)
     if ops[0].is_tuple and ins.opcode == "copy":
-        if not _same(ops[0], out):
+        if not same_shape(ops[0], out):
             raise _Bad(f"copy of {ops[0]} declares the result {out}")
         return
     x = _array(ops[0], "the operand")
@@ -148,7 +148,7 @@ def _select(ins: HloInstruction, ops: list[HloShape], out: HloShape) -> None:
         raise _Bad(f"select between {ops[1]} and {ops[2]}: the branch shapes differ")
     if pred not in ((), t):
         raise _Bad(f"select predicate {ops[0]} does not match the branches {ops[1]}")
-    if not _same(out, ops[1]):
+    if not same_shape(out, ops[1]):
         raise _Bad(f"select of {ops[1]} declares the result {out}")
 
 
@@ -267,7 +267,7 @@ def _dynamic_update_slice(ins: HloInstruction, ops: list[HloShape], out: HloShap
     if ops[0].dtype != ops[1].dtype:
         raise _Bad(f"dynamic-update-slice of {ops[0]} with an update {ops[1]}: element types "
                    f"differ")
-    if not _same(out, ops[0]):
+    if not same_shape(out, ops[0]):
         raise _Bad(f"dynamic-update-slice of {ops[0]} declares the result {out}")
 
 
@@ -367,7 +367,7 @@ def _scatter(ins: HloInstruction, ops: list[HloShape], out: HloShape) -> None:
     k = (len(ops) - 1) // 2
     operands = ops[:k]
     want = operands[0] if k == 1 else HloShape("tuple", elements=tuple(operands))
-    if not _same(out, want):
+    if not same_shape(out, want):
         raise _Bad(f"scatter into {want} declares the result {out}")
     window = ints(ins.attrs.get("update_window_dims"))
     idx = _array(ops[k], "the indices")
@@ -462,7 +462,7 @@ def _shape_preserving_collective(ins: HloInstruction, ops: list[HloShape], out: 
     if ins.opcode == "collective-permute" and len(ops) != 1:
         return  # the in-place form (buffers and offsets): its translation refuses it
     for x, y in _per_operand(ops, out, ins.opcode):
-        if not _same(x, y):
+        if not same_shape(x, y):
             raise _Bad(f"{ins.opcode} of {x} declares the result {y}")
     if ins.opcode == "all-to-all" and "dimensions" in ins.attrs:
         d = _one_dim(ins, "dimensions")
@@ -495,7 +495,7 @@ def _gather_scatter_collective(ins: HloInstruction, ops: list[HloShape], out: Hl
 
 @_rule("tuple")
 def _tuple(ins: HloInstruction, ops: list[HloShape], out: HloShape) -> None:
-    if not _same(out, HloShape("tuple", elements=tuple(ops))):
+    if not same_shape(out, HloShape("tuple", elements=tuple(ops))):
         raise _Bad(f"tuple of ({', '.join(map(str, ops))}) declares the result {out}")
 
 
@@ -505,7 +505,7 @@ def _gte(ins: HloInstruction, ops: list[HloShape], out: HloShape) -> None:
     idx = ints(ins.attrs.get("index"))
     if not ops[0].is_tuple or len(idx) != 1 or not 0 <= idx[0] < len(ops[0].elements):
         raise _Bad(f"get-tuple-element index={ins.attrs.get('index')} of {ops[0]}")
-    if not _same(out, ops[0].elements[idx[0]]):
+    if not same_shape(out, ops[0].elements[idx[0]]):
         raise _Bad(f"element {idx[0]} of {ops[0]} is {ops[0].elements[idx[0]]}, but the result "
                    f"is declared {out}")
 
@@ -519,7 +519,7 @@ def _check_call(callee: HloComputation, args: list[HloShape], what: str) -> HloS
         raise _Bad(f"{what} %{callee.name} takes {len(params)} parameters but gets {len(args)} "
                    f"operands")
     for k, a in enumerate(args):
-        if not _same(params[k].shape, a):
+        if not same_shape(params[k].shape, a):
             raise _Bad(f"operand {k} is {a} but parameter {k} of %{callee.name} is "
                        f"{params[k].shape}")
     return callee.root.shape
@@ -536,7 +536,7 @@ def _check_calls(module: HloModule, ins: HloInstruction, ops: list[HloShape]) ->
         if key not in ins.attrs:
             raise _Bad(f"{ins.opcode} without {key}=")
         root = _check_call(_callee(module, ins, key), ops, ins.opcode)
-        if not _same(root, out):
+        if not same_shape(root, out):
             raise _Bad(f"{ins.opcode} returns {root} but declares the result {out}")
     elif ins.opcode == "while":
         _arity(ops, 1, "while")
@@ -547,7 +547,7 @@ def _check_calls(module: HloModule, ins: HloInstruction, ops: list[HloShape]) ->
         if cond_root.is_tuple or cond_root.dims != () or cond_root.dtype != "bool":
             raise _Bad(f"while condition returns {cond_root}, expected pred[]")
         body_root = _check_call(_callee(module, ins, "body"), ops, "while body")
-        if not _same(body_root, ops[0]) or not _same(out, ops[0]):
+        if not same_shape(body_root, ops[0]) or not same_shape(out, ops[0]):
             raise _Bad(f"while loop state {ops[0]}: the body returns {body_root} and the result "
                        f"is declared {out}")
     elif ins.opcode == "conditional" and ops:
@@ -562,7 +562,7 @@ def _check_calls(module: HloModule, ins: HloInstruction, ops: list[HloShape]) ->
                        f"got {len(ops)}")
         for i, name in enumerate(names):
             root = _check_call(module.computations[name], [ops[1 + i]], f"branch {i}")
-            if not _same(root, out):
+            if not same_shape(root, out):
                 raise _Bad(f"branch {i} (%{name}) returns {root} but the result is declared {out}")
 
 
@@ -588,4 +588,4 @@ def validate_module(module: HloModule) -> None:
                                  f"({type(e).__name__}: {e})", module.file, ins.line) from None
 
 
-__all__ = ["validate_module"]
+__all__ = ["same_shape", "validate_module"]

@@ -4,6 +4,7 @@ replica-id, over the flat rank axis."""
 from __future__ import annotations
 
 import re
+from collections import Counter
 from typing import TYPE_CHECKING
 
 from dlverify.errors import InputError
@@ -138,7 +139,7 @@ def _permute(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputati
         if not (0 <= a < L.ranks and 0 <= b < L.ranks):
             raise L.err(ins, f"source_target_pairs {{{a},{b}}} outside the {L.ranks} ranks")
     for end, ranks in (("source", [a for a, _ in pairs]), ("target", [b for _, b in pairs])):
-        twice = sorted({r for r in ranks if ranks.count(r) > 1})
+        twice = sorted(r for r, n in Counter(ranks).items() if n > 1)
         if twice:   # XLA's verifier rejects it: a rank would send (or receive) two values
             raise L.err(ins, f"source_target_pairs name {end} {twice[0]} more than once")
     if len(ops) != 1:
