@@ -227,23 +227,15 @@ class Judge:
         related end to end while its middle, of another rank than the sequential
         value, has no view of its own; reporting the middle as the first failure
         would point away from where the relation really stops."""
-        consumers: dict[int, list[Op]] = defaultdict(list)
-        for op in self.p.dist.ops:
-            if op.id in dist_anc:
-                for i in set(op.inputs):
-                    consumers[i].append(op)
+        consumers = self.p.dist.consumers()
         for o in dist_ops:
-            users = consumers.get(self.dist_ops[o].output, [])
+            users = [u for u in consumers.get(self.dist_ops[o].output, []) if u.id in dist_anc]
             if users:
                 self.dist_frontier[o] = [r for r in self.dist_frontier[o]
                                          if not all(self.by_dist.get((u.output, r)) for u in users)]
 
     def _reduced_downstream(self) -> set[int]:
         """Distributed tensors from which some reducing collective is reachable."""
-        consumers: dict[int, list[Op]] = defaultdict(list)
-        for op in self.p.dist.ops:
-            for i in op.inputs:
-                consumers[i].append(op)
         has: set[int] = set()
         for op in reversed(self.p.dist.ops):
             for i in op.inputs:

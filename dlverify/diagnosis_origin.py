@@ -15,33 +15,35 @@ from dlverify.verdict import UNIT_SCALE, ViewFact
 
 
 def origin(dist_prod: dict[int, Op], by_dist: dict[tuple[int, int], list[ViewFact]], d: int,
-           r: int, vs: list[ViewFact], seq_prod: dict[int, Op] | None = None) -> Op | None:
+           r: int, vs: list[ViewFact]) -> Op | None:
     """The distributed op where what is wrong with d's first view on rank r first
-    appears: the op that created its partial tag, or the op that introduced its
-    factor c (with `seq_prod`, the sequential producers: the walk goes on through an
-    operand holding the same sequential value with a factor, or a value the
-    sequential one is computed from with a factor of its own, as a product multiplies
-    them; an op whose operands hold those values unscaled introduced c)."""
+    appears: the op that created its partial tag, or that introduced its factor
+    through operands holding the same sequential value (earliest_origin follows
+    factors further, through the values the sequential one is computed from)."""
     if not vs:
         return dist_prod.get(d)
-    found = walk(dist_prod, by_dist, d, r, vs[0], seq_prod)
+    found = walk(dist_prod, by_dist, d, r, vs[0], None)
     return found[0] if found else dist_prod.get(d)
 
 
 def walk(dist_prod: dict[int, Op], by_dist: dict[tuple[int, int], list[ViewFact]], d: int,
          r: int, v: ViewFact, seq_prod: dict[int, Op] | None) -> tuple[Op, ViewFact] | None:
-    """origin's walk from d's view v: the op found and its result's view it followed."""
+    """The walk back from d's view v: the op found and its result's view it followed.
+    A factor is followed through an operand holding the same sequential value with a
+    factor, or (with `seq_prod`, the sequential producers) a value the sequential one
+    is computed from with a factor of its own, as a product multiplies them; an op
+    whose operands hold those values unscaled introduced it."""
     t, seen = d, set()
     while t in dist_prod and t not in seen:
         seen.add(t)
         op = dist_prod[t]
         # an operand holding the same sequential value first, else one it is computed from
-        carried = sorted(((w.seq != v.seq, k, i, w) for k, i in enumerate(op.inputs)
-                          for w in by_dist.get((i, r), []) if _carries(v, w, seq_prod)),
-                         key=lambda c: c[:2])
-        if not carried:
+        carried = min(((w.seq != v.seq, k, i, w) for k, i in enumerate(op.inputs)
+                       for w in by_dist.get((i, r), []) if _carries(v, w, seq_prod)),
+                      key=lambda c: c[:2], default=None)
+        if carried is None:
             return op, v
-        _, _, t, w = carried[0]
+        _, _, t, w = carried
         if v.partial is None:   # follow the factor as the operand's view holds it
             v = w
     return None
@@ -117,4 +119,4 @@ def introduces_factor(by_dist: dict[tuple[int, int], list[ViewFact]], op: Op, r:
     return True
 
 
-__all__ = ["earliest_origin", "introduces_factor", "origin", "scaled_operand", "walk"]
+__all__ = ["earliest_origin", "introduces_factor", "origin", "scaled_operand"]

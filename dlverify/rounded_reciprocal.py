@@ -41,28 +41,21 @@ def _literal(g: Graph, producer: dict[int, Op], t: int) -> tuple[float, str] | N
     return float(v), dtype
 
 
-def _multipliers(g: Graph) -> set[tuple[float, str]]:
-    producer = {op.output: op for op in g.ops}
-    out = set()
-    for op in g.ops:
-        if op.kind == "mul" and len(op.inputs) == 2:
-            for t in op.inputs:
-                lit = _literal(g, producer, t)
-                if lit is not None:
-                    out.add(lit)
-    return out
-
-
-def _literal_scales(g: Graph, producer: dict[int, Op]) -> dict[int, set[float]]:
-    """For each tensor, the literals some product multiplies it by."""
-    out: dict[int, set[float]] = {}
+def _literal_scales(g: Graph, producer: dict[int, Op]) -> dict[int, set[tuple[float, str]]]:
+    """For each tensor, the literals (value, dtype) some product multiplies it by."""
+    out: dict[int, set[tuple[float, str]]] = {}
     for op in g.ops:
         if op.kind == "mul" and len(op.inputs) == 2:
             for pos in (0, 1):
                 lit = _literal(g, producer, op.inputs[1 - pos])
-                if lit is not None and lit[1] == g.tensors[op.inputs[pos]].dtype:
-                    out.setdefault(op.inputs[pos], set()).add(lit[0])
+                if lit is not None:
+                    out.setdefault(op.inputs[pos], set()).add(lit)
     return out
+
+
+def _multipliers(g: Graph) -> set[tuple[float, str]]:
+    """Every literal some product of `g` multiplies by."""
+    return set().union(*_literal_scales(g, {op.output: op for op in g.ops}).values())
 
 
 def _rewrite(g: Graph, ids: IdAllocator, wanted: set[tuple[float, str]],
@@ -86,7 +79,7 @@ def _rewrite(g: Graph, ids: IdAllocator, wanted: set[tuple[float, str]],
         # the rounded reciprocal itself, or folded with a literal the quotient is then
         # multiplied by (XLA folds (x * fl(1/d)) * b into x * fl(fl(1/d) * b))
         folded = {(float(np.asarray(c, dtype) * np.asarray(b, dtype)), dtype)
-                  for b in scaled_by.get(op.output, ())}
+                  for b, _ in scaled_by.get(op.output, ())}
         if (c, dtype) not in wanted and not folded & wanted:
             continue
         divisor = producer[op.inputs[1]]
