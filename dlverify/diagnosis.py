@@ -267,7 +267,9 @@ class Judge:
         if not hasattr(self, "_merged_later"):
             self._merged_later = self._merged_downstream()
         for t in op.inputs:
-            for v in self.by_dist.get((t, rank), []):
+            views = self.by_dist.get((t, rank), [])
+            # an operand also holding a (scaled) block is reduced (a ring's wrapped-round sum)
+            for v in views if all(w.partial is not None for w in views) else ():
                 if v.partial is not None:
                     origin = self._origin(t, rank, [v]) or op
                     if origin.output in self._merged_later:
@@ -414,12 +416,18 @@ class Judge:
 
     def operand_views(self, op: Op, rank: int) -> list[str]:
         """What each operand of a distributed op is related to on `rank`."""
-        prod = self.dist_prod
         return ["; ".join(self.view_text(v) for v in self.by_dist.get((t, rank), [])[:3])
                 or self.padded_text(t, rank)
                 or ("a constant array equal to no constant of the sequential program"
-                    if t in prod and prod[t].kind == "constant" else "no view")
+                    if self._literal(t) else "no view")
                 for t in op.inputs]
+
+    def _literal(self, t: int) -> bool:
+        """t is a constant, or a broadcast of one (XLA's form of a splat literal)."""
+        op = self.dist_prod.get(t)
+        if op is not None and op.kind == "broadcast_in_dim":
+            op = self.dist_prod.get(op.inputs[0])
+        return op is not None and op.kind == "constant"
 
     def padded_text(self, t: int, rank: int) -> str:
         """A padded block of t on `rank` (datalog/padded.dl), zero padding first."""
