@@ -145,7 +145,7 @@ def _verify_once(problem: Problem, engine: EngineName = "auto",
             notes.append(f"bug patterns not evaluated: {e}")
     return Result(
         name=problem.name, verified=verified, outputs=outputs, failures=failures,
-        assumptions=list(problem.assumptions) + judge.inferred, notes=notes, timings=timings,
+        assumptions=list(problem.assumptions) + judge.inferred, notes=notes, unknowns=list(problem.unknowns), timings=timings,
         fact_count=sum(len(v) for v in tables.values()),
         derived_count=sum(len(v) for v in res.relations.values()), engine=res.engine,
         views=judge.views, padded_views=judge.padded_views, problem=problem, segment_plan=plan,

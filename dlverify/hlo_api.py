@@ -103,12 +103,12 @@ def relate_elided_constants(problem: Problem) -> None:
         left = {op.id for op in g.ops}    # the ones not made inputs above
         unknown = [op for ops in consts.values() for op in ops if op.id in left]
         for op in unknown[:5]:   # what reads them cannot relate: say which they are
-            problem.notes.append(
+            problem.unknowns.append(
                 f"constant %{op.name} ({Path(op.loc.file).name}:{op.loc.line}) is elided ({{...}}) in "
                 f"the {side} file and has no elided twin in the other: an unknown value that relates "
                 f"to nothing (dump with --xla_dump_large_constants=true)")
         if len(unknown) > 5:
-            problem.notes.append(f"... and {len(unknown) - 5} more elided constants in the {side} file")
+            problem.unknowns.append(f"... and {len(unknown) - 5} more elided constants in the {side} file")
 
 
 def verify_hlo(seq_path: str | Path, dist_path: str | Path, spec_path: str | Path | None = None,

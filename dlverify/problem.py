@@ -31,3 +31,7 @@ class Problem:
     # what the builder says about the problem (e.g. why scans were unrolled):
     # copied into the verdict's notes
     notes: list[str] = field(default_factory=list)
+    # values the programs read but neither file states (an elided constant with no
+    # twin in the other file): nothing relates to them, so a failure downstream may
+    # be theirs. Copied into the verdict and printed with every failing one.
+    unknowns: list[str] = field(default_factory=list)

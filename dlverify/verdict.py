@@ -137,6 +137,8 @@ class Result:
     failures: list[Failure]
     assumptions: list[str]
     notes: list[str] = field(default_factory=list)
+    # values the programs read that the input does not state (Problem.unknowns)
+    unknowns: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     fact_count: int = 0
     derived_count: int = 0

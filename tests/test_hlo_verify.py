@@ -27,6 +27,7 @@ from dlverify.ir import IdAllocator, Mesh  # noqa: E402
 from dlverify.numeric import partial_sum_errors, run_both, view_error  # noqa: E402
 from dlverify.outputs import infer_output_relation  # noqa: E402
 from dlverify.relations import BlockRelation, replicated  # noqa: E402
+from dlverify.reports.text import pair_text  # noqa: E402
 from dlverify.spec import load_spec  # noqa: E402
 from dlverify.verdict import ViewFact  # noqa: E402
 
@@ -98,12 +99,15 @@ def test_elided_constants_with_different_names_stay_unknown(tmp_path):
     # the K and V caches do not need the rotary constant for V: V still verifies
     assert res.outputs[2] == "out2 = concat(r0.out2, r1.out2; dim 2)"
     # the report names each constant left unknown, in each file, at its line
-    unknown = [n for n in res.notes if "has no elided twin" in n]
-    assert len(unknown) == 2, res.notes
+    unknown = [n for n in res.unknowns if "has no elided twin" in n]
+    assert len(unknown) == 2, res.unknowns
     assert any(n.startswith("constant %constant.922 (tp2.hlo:") and "distributed file" in n
                for n in unknown)
     assert any(n.startswith("constant %constant.22 (tp1_layer1.hlo:") and "sequential file" in n
                for n in unknown)
+    # ... in the failing verdict's text, not only under --verbose
+    text = pair_text("pair", res, 0.0)
+    assert sum(line.startswith("  unknown: constant %constant") for line in text) == 2, text
 
 
 def _cut_before_the_lm_head(p) -> None:

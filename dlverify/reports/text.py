@@ -53,12 +53,19 @@ def result_text(res: Result, verbose: bool = False) -> list[str]:
             lines.append("  called from: " + " <- ".join(
                 f"{fr.function} ({short_path(fr.file)}:{fr.line})" for fr in res.failures[0].frames))
         lines += pattern_lines(res, verbose)
+        lines += unknown_lines(res)
     if verbose:
         lines += [f"  assumption: {a}" for a in res.assumptions]
         lines += [f"  note: {n}" for n in res.notes]
         lines += plan_lines(res)
         lines.append(_timing_line(res))
     return lines
+
+
+def unknown_lines(res: Result) -> list[str]:
+    """The values neither file states (elided constants): printed with every failing
+    verdict, since a failure downstream of one is no evidence of a bug."""
+    return [f"  unknown: {u}" for u in res.unknowns]
 
 
 def plan_lines(res: Result) -> list[str]:
@@ -129,6 +136,7 @@ def pair_text(name: str, res: Result, seconds: float, verbose: bool = False) -> 
         if len(res.failures) > len(shown):
             lines.append(f"  ... and {len(res.failures) - len(shown)} more (--verbose)")
         lines += pattern_lines(res, verbose)
+        lines += unknown_lines(res)
     lines += [f"  assumption: {a}" for a in res.assumptions]
     if verbose:
         lines += [f"  note: {n}" for n in res.notes]
