@@ -83,6 +83,7 @@ from dlverify.simplify_compiled import compiled_forms
 from dlverify.simplify_forms import _merge_groups
 from dlverify.simplify_moves import _MoveRules
 from dlverify.simplify_layouts import _LayoutRules
+from dlverify.simplify_reciprocals import scaled_reciprocal
 from dlverify.simplify_sink import _SinkRules
 
 # op kind -> (neutral value, operand positions it may take)
@@ -502,6 +503,7 @@ class _Simplifier(_MoveRules, _SinkRules, _LayoutRules):
         for op in self.g.ops:
             op.inputs = [self.alias.get(i, i) for i in op.inputs]
             if (self.neutral(op) or self.layout(op) or self.iota_1d(op) or self.reciprocal(op)
+                    or scaled_reciprocal(self, op)
                     or self.literal_product(op)
                     or self.exact_scaling(op) or self.mask_product(op)
                     or self.negative_power(op)
