@@ -374,7 +374,7 @@ class Judge:
                 gaps.append((pos, lo))
             pos = max(pos, hi)
         full = full_size(self.p.seq, v.partial.op, v.partial.axis)
-        if pos < full:
+        if full is not None and pos < full:   # (None: a family this graph cannot size)
             gaps.append((pos, full))
         return gaps
 

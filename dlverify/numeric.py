@@ -96,8 +96,13 @@ def value_error(got: np.ndarray, want: np.ndarray) -> float:
 
 def reduced_size(problem: Problem, op_id: int, axis: int) -> int:
     """The number of terms of the partial-term family (op, axis): the size of a
-    reduced axis, or of a family of dlverify.partial_tags."""
-    return full_size(problem.seq, op_id, axis)
+    reduced axis, or of a family of dlverify.partial_tags. A tag naming no family of
+    the sequential graph is an error: its terms could not be checked."""
+    n = full_size(problem.seq, op_id, axis)
+    if n is None:
+        raise ValueError(f"partial tag (op {op_id}, axis {axis}) names no family of the "
+                         f"sequential graph")
+    return n
 
 
 def partial_sum_errors(run: Run, problem: Problem, views: list[ViewFact]) -> list[tuple[tuple, float]]:

@@ -43,7 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dlverify import schema as S
-from dlverify.ir import Graph
+from dlverify.ir import Graph, Op
 
 # Declared once in schema.py, generated into datalog/schema.dl (Tag_FlatBase, ...).
 FLAT_BASE = S.TAG_FLAT_BASE
@@ -61,46 +61,70 @@ TRANS_RADIX = S.TAG_TRANS_RADIX
 PAIR = S.TAG_PAIR   # axes encoded in pairs are below this
 
 
-def _op(graph: Graph, op_id: int):
-    return next(o for o in graph.ops if o.id == op_id)
+def _op(graph: Graph, op_id: int) -> Op | None:
+    return next((o for o in graph.ops if o.id == op_id), None)
 
 
-def _producer(graph: Graph, tensor: int):
-    return next(o for o in graph.ops if o.output == tensor)
+def _producer(graph: Graph, tensor: int) -> Op | None:
+    return next((o for o in graph.ops if o.output == tensor), None)
 
 
-def full_size(seq: Graph, op_id: int, axis: int) -> int:
+def _dim(graph: Graph, tensor: int, k: int) -> int | None:
+    """The size of dim k of a tensor of the graph (None: no such tensor or dim)."""
+    t = graph.tensors.get(tensor)
+    return t.shape[k] if t is not None and 0 <= k < len(t.shape) else None
+
+
+def _input_dim(graph: Graph, op: Op | None, i: int, k: int) -> int | None:
+    return _dim(graph, op.inputs[i], k) if op is not None and 0 <= i < len(op.inputs) else None
+
+
+def _operand_family(seq: Graph, op: Op | None, i: int, axis: int) -> int | None:
+    """The size of the family (producer of op's operand i, axis)."""
+    if op is None or not 0 <= i < len(op.inputs):
+        return None
+    p = _producer(seq, op.inputs[i])
+    return None if p is None else full_size(seq, p.id, axis)
+
+
+def full_size(seq: Graph, op_id: int, axis: int) -> int | None:
     """The number of terms of the family (op, axis): of the sequential graph, or
-    (GROUP_BASE) of a class of a collective's groups, whose count the axis holds."""
+    (GROUP_BASE) of a class of a collective's groups, whose count the axis holds.
+    None when the axis names no family of that graph (an op, operand or dim it
+    does not have): never an exception, as diagnosis reads tags of any view."""
+    if axis < 0:
+        return None
     if axis >= TRANS_BASE:
-        return full_size(seq, op_id, axis % PAIR)
+        return full_size(seq, op_id, reindexing(axis).axis)
     if is_group_axis(axis):
         return group_class(axis).count
+    op = _op(seq, op_id)
+    if op is None:
+        return None
     if MASK2_BASE <= axis < GROUP_BASE:   # two masked dims, flattened
         k_out, k_in = divmod(axis - MASK2_BASE, PAIR)
-        shape = seq.tensors[_op(seq, op_id).output].shape
-        return shape[k_out] * shape[k_in]
+        n_out, n_in = _dim(seq, op.output, k_out), _dim(seq, op.output, k_in)
+        return None if n_out is None or n_in is None else n_out * n_in
     if HELD_BASE <= axis < GROUP_BASE:   # a reduction plus a held value: the reduction's size
-        i, a = divmod(axis - HELD_BASE, PAIR)
-        return full_size(seq, _producer(seq, _op(seq, op_id).inputs[i]).id, a)
+        return _operand_family(seq, op, *divmod(axis - HELD_BASE, PAIR))
     if axis >= CAT_BASE:   # a concatenation of reductions: its first operand's size
-        return full_size(seq, _producer(seq, _op(seq, op_id).inputs[0]).id, axis - CAT_BASE)
+        return _operand_family(seq, op, 0, axis - CAT_BASE)
     if axis >= ACC_BASE:   # an add tree named by its first leaf: the leaf's size
         return full_size(seq, op_id, axis - ACC_BASE)
-    op = _op(seq, op_id)
     if axis >= WINDOW_BASE:
-        return seq.tensors[op.inputs[1]].shape[axis - WINDOW_BASE]
+        return _input_dim(seq, op, 1, axis - WINDOW_BASE)
     if axis >= MASK_BASE:
-        return seq.tensors[op.output].shape[axis - MASK_BASE]
+        return _dim(seq, op.output, axis - MASK_BASE)
     if axis >= ADD_BASE:
-        a = (axis - ADD_BASE) // PAIR
-        return full_size(seq, _producer(seq, op.inputs[0]).id, a)
+        return _operand_family(seq, op, 0, (axis - ADD_BASE) // PAIR)
     if axis >= FLAT_BASE:
         i, j = divmod(axis - FLAT_BASE, PAIR)
-        return full_size(seq, op_id, i) * full_size(seq, op_id, j)
-    shape = seq.tensors[op.inputs[0]].shape
-    dims = op.params["lhs_contract"] if op.kind == "dot_general" else op.params["axes"]
-    return shape[dims[axis]]
+        m, n = full_size(seq, op_id, i), full_size(seq, op_id, j)
+        return None if m is None or n is None else m * n
+    dims = op.params.get("lhs_contract" if op.kind == "dot_general" else "axes")
+    if dims is None or axis >= len(dims):
+        return None
+    return _input_dim(seq, op, 0, dims[axis])
 
 
 @dataclass(frozen=True)
