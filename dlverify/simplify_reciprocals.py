@@ -1,25 +1,25 @@
 """More of the algebraic normal form (dlverify/simplify.py, whose `_Simplifier` runs
 `scaled_reciprocal` in its pass): a product with a reciprocal that a literal scales.
 
-simplify.py's `reciprocal` reads `x * (1/y)` as `x / y`. XLA's algebraic simplifier
-folds a literal factor of the product into the reciprocal instead, where the
-reciprocal is the smaller operand: the backward of `o / l` multiplies the
-cotangent g by `-1/(l*l)`; a program writes `(g * 0.125) * (1 / (l*l))`, and XLA,
-after fusion, `g * broadcast((1 / (l*l)) * 0.125)` (here `/ 8`, exact_scaling's
-reading of `* 0.125`). The literal then sits between the product and the
+simplify.py's `reciprocal` reads `x * (1/y)` as `x / y`. XLA's optimisations may
+apply a literal factor of the product to the reciprocal instead, the smaller
+operand: the backward of `o / l` (compiled ring_attention_grads) multiplies the
+cotangent by `1/(l*l)`; the program computes `(g * 0.125) * broadcast(1 / (l*l))`,
+XLA `g * broadcast((1 / (l*l)) * 0.125)` (read `/ 8` by exact_scaling). The literal then sits between the product and the
 reciprocal, and `reciprocal` never meets it. So, for a splat literal c (finite,
 nonzero) and the reciprocal `1/y`, directly or through a broadcast_in_dim:
 
 * `x * ((1/y) / c)` is `(x / y) / c`;
 * `x * ((1/y) * c)` and `x * (c * (1/y))` are `(x / y) * c`;
-* `x * (c / y)` is `(x / y) * c` (XLA folds `c * (1/y)` into one division).
+* `x * (c / y)` is `(x / y) * c` (`c * (1/y)` written as one division).
 
 Each is an identity of real arithmetic wherever y is nonzero (where the program
 computes a finite value at all); through a broadcast, y is broadcast as the
 reciprocal was (`broadcast(1/y) = 1 / broadcast(y)`). The literal leaves toward the
 outputs, as `negated_sum` moves negations and `sink_reshape` reshapes, and a
 literal divisor or factor one side applies to the other factor is a scaled view
-the rules relate (a division by a literal gives `1/c x` its operand's view). No
+the rules relate (a division by a literal gives `1/c x` its operand's view, for a
+c the scales express: a product of powers of schema.SCALE_PRIMES). No
 rule here makes a product with a reciprocal, so none undoes another, and nothing
 fires when the other factor is itself a literal (`literal_product`'s case).
 """

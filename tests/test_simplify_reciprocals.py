@@ -3,13 +3,15 @@ is the division, scaled. Each form leaves the graph's outputs unchanged on rando
 data (the shared evaluator, dlverify/interpret.py, runs the graph before and after)
 and does fire; the forms it must not touch stay; and the program's form of the
 backward of `o / l` meets the form XLA writes for it through the whole pipeline,
-every view derived checked numerically (tests/rulekit.py)."""
+every view derived checked numerically (tests/rulekit.py); compiled by XLA, the
+ring-attention gradients verify and the ring backward's buggy twin is located."""
 from __future__ import annotations
 
 import copy
 
 import numpy as np
 import pytest
+from hlo_pairs import assert_compiled_case_and_twin, example_module
 from rulekit import Tiny, assert_views_hold
 from test_simplify import _check, _graph, _run, _splat
 
@@ -156,3 +158,10 @@ def test_a_wrong_literal_in_xlas_form_is_not_verified():
     res = verify_problem(p, engine="clingo")
     assert not res.verified
     assert_views_hold(p, res.views)
+
+
+def test_compiled_ring_attention_grads_verify_and_the_backward_twin_is_located(tmp_path):
+    # XLA's g * broadcast((1 / (l*l)) / 8) against the program's (g / 8) / (l*l)
+    m = example_module("ring_attention")
+    assert_compiled_case_and_twin(tmp_path, m.ring_attention_grads(),
+                                  m.ring_bug_backward_block_max(), dumped=True)
