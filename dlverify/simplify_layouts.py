@@ -17,10 +17,17 @@ dot takes a transpose it can compute whole:
   of those groups, and through all-gathers of it (gathering dim k of the result
   is gathering the dim of dot' that k becomes: each rank permutes its block
   alike). Size-1 dims go with their group wherever P puts them (where a side puts
-  a rank's batch of one says nothing). A transpose a dot cannot compute whole (a
-  batch dim moved after free dims, the operands' free dims interleaved) stays:
-  taking the part a dot computes would leave a residual read off where one side's
-  size-1 dim is the other's sized dim, and the sides would take different parts;
+  a rank's batch of one says nothing). When P moves batch dims among free dims
+  that are one operand's, then the other's, the dot takes the order of the free
+  dims and a transpose moving the batch dims is left: transpose(dot', R) (Ulysses:
+  the program's dq^T = k^T ds^T transposed to [q, h, d], where XLA computes
+  dq = ds k as [h, q, d] and transposes it alike). A transpose interleaving the
+  operands' free dims (size-1 ones too) stays: its split would be read off where
+  one side's size-1 dim is the other's sized dim, and the sides would split it
+  differently. Nor is a transpose split while a reader takes its layout into its
+  own (a transpose composing the two; a dot contracting a batch dim it moves, whose
+  operand order simplify.dot_layout composes with it): the composition is split
+  as a whole or stays, as the other side's single transpose does;
 * transposes enter concatenations, slices and elementwise ops of one tensor and
   splats: transpose(concat(x_i; k)) is concat(transpose(x_i); P^-1(k)); a
   transpose of a slice or of a dynamic slice is the slice of the transpose with
@@ -62,6 +69,7 @@ class _LayoutRules(_Rewriter):
     """The rules above, for `_Simplifier` (dlverify/simplify.py) to run in its pass."""
 
     late = False     # whether these rules run (see the module docstring)
+    _readers: dict[int, list[Op]] | None = None     # (_composed_by_reader's, once per pass)
 
     def layouts(self, op: Op) -> bool:
         """Whether one of this module's rules replaced `op`."""
@@ -136,14 +144,21 @@ class _LayoutRules(_Rewriter):
         swap = bool(frees) and greg[frees[0]] == 2
         gorder = [g for want in ((0, 2, 1) if swap else (0, 1, 2)) for g in perm
                   if greg[g] == want]
-        if gorder != perm or [g for g in perm if mid[g] != 1] == sorted(
-                g for g in perm if mid[g] != 1):
-            # Only a transpose a dot computes whole is taken: one leaving a residual (a
-            # batch dim moved, the operands' free dims interleaved) is read off where
-            # one side's size-1 dim (a rank's batch of one) is the other's sized dim,
-            # and the two would take different parts. Moving size-1 dims only moves no
-            # element: nothing to take.
+        free = [g for g in perm if greg[g]]
+        if [g for g in perm if mid[g] != 1] == sorted(g for g in perm if mid[g] != 1) or (
+                gorder != perm and (free != [g for g in gorder if greg[g]]
+                                    or gorder == sorted(gorder))):
+            # Moving size-1 dims only moves no element: nothing to take. A transpose the
+            # dot cannot compute whole is split only when what is left moves batch dims
+            # alone, P's free dims (size-1 ones too) already one operand's, then the
+            # other's: interleaved free dims are read off where one side's size-1 dim
+            # is the other's sized dim, and the two sides would split them differently.
             return False
+        whole = gorder == perm
+        if not whole and self._composed_by_reader(
+                op.output, {k for k, g in enumerate(perm) if greg[g] == 0}):
+            return False    # (composed with its reader first: see the module docstring)
+        residual = [gorder.index(g) for g in perm]      # the transpose left after dot'
         # the dot's dims region by region, in their runs' new order
         batch, left, right = ([i for g in gorder for i in groups[g] if region[i] == want]
                               for want in (0, 1, 2))
@@ -172,11 +187,32 @@ class _LayoutRules(_Rewriter):
             steps.append(("all_gather", _permuted(self.shape(ga.output), gorder), g, ga))
         # (at the dot's source: a failure there is the dot's, e.g. its partial sums)
         value = self.new_op("dot_general", [lhs, rhs], _permuted(dshape, order), dtype, q, d,
-                            output=None if steps else op.output)
+                            output=op.output if whole and not steps else None)
         for k, (kind, shape, params, like) in enumerate(steps):
             value = self.new_op(kind, [value], shape, dtype, params, like,
-                                output=op.output if k == len(steps) - 1 else None)
+                                output=op.output if k == len(steps) - 1 and whole else None)
+        if not whole:
+            self.new_op("transpose", [value], self.shape(op.output), dtype,
+                        {"permutation": tuple(residual)}, op, output=op.output)
         return True
+
+    def _composed_by_reader(self, t: int, moved: set[int]) -> bool:
+        """Whether a reader of t (as the pass began) takes t's layout into its own: a
+        transpose (composing the two), or a dot contracting one of t's dims `moved`
+        (whose place in t no reader sees)."""
+        if self._readers is None:
+            self._readers = {}
+            for o in self.g.ops:
+                for i in o.inputs:
+                    self._readers.setdefault(i, []).append(o)
+        for o in self._readers.get(t, ()):
+            if o.kind == "transpose":
+                return True
+            if o.kind == "dot_general" and len(o.inputs) == 2 and any(
+                    o.inputs[side] == t and moved & set(o.params[f"{key}_contract"])
+                    for side, key in ((0, "lhs"), (1, "rhs"))):
+                return True
+        return False
 
     def _transposed(self, x: int, order: list[int], like: Op) -> int:
         """x transposed so that its dim k is x's dim order[k] (x itself for the identity)."""

@@ -4,13 +4,15 @@ evaluator, on several ranks where collectives are involved) and fires; the two w
 of writing a value (the dot transposed, or the swapped dot; the transpose before or
 after a gather, a slice, a concatenation) reach one form; and the compiled
 all-gather-KV context-parallel gradients of examples/ verify while a buggy twin is
-located."""
+located; so do the compiled Ulysses gradients (their derived views checked on random
+inputs), while the Ulysses twins do not."""
 import copy
 import itertools
 
 import numpy as np
 import pytest
-from hlo_pairs import assert_compiled_case_and_twin, example_module
+from hlo_pairs import assert_compiled_case_and_twin, compiled_pair, example_module, verify_texts
+from rulekit import assert_views_hold
 from test_simplify import _check, _dot, _graph
 
 from dlverify.interpret import Interpreter
@@ -69,42 +71,71 @@ def _transposed_dot(spec, perm):
     return build
 
 
+def _regions(spec, perm) -> list[int]:
+    """Each dim of the transposed result: 0 a batch dim, 1 an lhs free dim, 2 an rhs one."""
+    nb = len(spec["lb"])
+    nl = len(spec["lhs"]) - nb - len(spec["lc"])
+    return [0 if j < nb else 1 if j < nb + nl else 2 for j in perm]
+
+
 def _absorbable(spec, perm) -> bool:
     """Whether perm lists the dot's batch dims first, then one operand's free dims,
     then the other's (a dot computes that order)."""
-    nb = len(spec["lb"])
-    nl = len(spec["lhs"]) - nb - len(spec["lc"])
-    region = [0 if j < nb else 1 if j < nb + nl else 2 for j in perm]
+    region = _regions(spec, perm)
     return region in (sorted(region), sorted(region, key=lambda r: (r > 0, -r)))
 
 
+def _splittable(spec, perm) -> bool:
+    """Whether perm moves batch dims only among free dims that are one operand's, then
+    the other's, in an order the dot does not already compute."""
+    free = [r for r in _regions(spec, perm) if r]
+    in_dot = [j for r in (0, free[0], 3 - free[0]) for j in perm if _regions(spec, [j]) == [r]]
+    return (not _absorbable(spec, perm) and free in (sorted(free), sorted(free)[::-1])
+            and in_dot != list(range(len(perm))))
+
+
 @pytest.mark.parametrize("spec, perm, taken", [
-    (_BATCHED, (0, 2, 1), True),              # the swapped dot: no transpose left
-    (_BATCHED, (2, 0, 1), False),             # the batch dim moved: no dot computes it
-    (_BATCHED, (1, 2, 0), False),
-    (_TWO_FREE, (0, 2, 1, 3), True),          # lhs free dims reordered in the lhs
-    (_TWO_FREE, (0, 3, 2, 1), True),          # swapped, the lhs free dims reordered
-    (_TWO_FREE, (0, 2, 3, 1), False),         # the two operands' free dims interleaved
-    (_TWO_BATCH, (1, 0, 2, 3), True),         # batch dims reordered in both operands
-    (_TWO_BATCH, (1, 0, 3, 2), True),
-    (_TWO_BATCH, (1, 3, 0, 2), False),
+    (_BATCHED, (0, 2, 1), "whole"),           # the swapped dot: no transpose left
+    (_BATCHED, (2, 0, 1), "split"),           # the swapped dot, its batch dim moved after
+    (_BATCHED, (1, 2, 0), "stays"),           # the dot computes [s, t]: only h moves
+    (_TWO_FREE, (0, 2, 1, 3), "whole"),       # lhs free dims reordered in the lhs
+    (_TWO_FREE, (0, 3, 2, 1), "whole"),       # swapped, the lhs free dims reordered
+    (_TWO_FREE, (2, 1, 0, 3), "split"),       # lhs free dims reordered, the batch dim moved
+    (_TWO_FREE, (0, 2, 3, 1), "stays"),       # the two operands' free dims interleaved
+    (_TWO_FREE, (2, 3, 0, 1), "stays"),       # interleaved, the batch dim moved
+    (_TWO_BATCH, (1, 0, 2, 3), "whole"),      # batch dims reordered in both operands
+    (_TWO_BATCH, (1, 0, 3, 2), "whole"),
+    (_TWO_BATCH, (1, 3, 0, 2), "split"),      # batch dims reordered, swapped, one moved
 ])
-def test_a_transpose_a_dot_computes_whole_is_taken_into_the_dot(spec, perm, taken):
-    # the program's weight gradient transpose(dy^T x) is XLA's x^T dy
-    assert _absorbable(spec, perm) == taken
+def test_a_transpose_a_dot_computes_whole_or_up_to_its_batch_dims_is_taken_into_the_dot(
+        spec, perm, taken):
+    # the program's weight gradient transpose(dy^T x) is XLA's x^T dy; Ulysses' dq^T
+    # transposed to [q, h, d] is dq = ds k transposed to it
+    assert (_absorbable(spec, perm), _splittable(spec, perm)) == (taken == "whole",
+                                                                  taken == "split")
     before, g = _normal(_transposed_dot(spec, perm), [spec["lhs"], spec["rhs"]])
-    if not taken:
+    if taken == "stays":
         assert _form(before) == _form(g)
         return
     _agree(before, g, [spec["lhs"], spec["rhs"]])
-    assert next(op for op in g.ops if op.output == g.outputs[0]).kind == "dot_general"
+    out = next(op for op in g.ops if op.output == g.outputs[0])
+    if taken == "whole":
+        assert out.kind == "dot_general"
+        return
+    # what is left moves batch dims only: the free dims in the dot's order
+    assert out.kind == "transpose"
+    regions = _regions(spec, perm)
+    assert [j for j, r in zip(out.params["permutation"], regions) if r] == sorted(
+        j for j, r in zip(out.params["permutation"], regions) if r)
+    assert next(op for op in g.ops if op.output == out.inputs[0]).kind == "dot_general"
 
 
 @pytest.mark.parametrize("spec", [_BATCHED, _TWO_FREE, _TWO_BATCH])
 def test_a_transposed_dot_and_its_swapped_dot_reach_one_form(spec):
     # whichever operand order a side writes, a value a dot computes reaches one form:
     # every perm, dot(x, y) transposed by perm against dot(y, x) transposed by the perm
-    # that gives the same value; one no dot computes stays a transpose on both sides
+    # that gives the same value (also where a transpose moving batch dims is left); one
+    # interleaving the operands' free dims stays a transpose on both sides
     nb = len(spec["lb"])
     nl = len(spec["out"]) - nb - (len(spec["rhs"]) - nb - len(spec["rc"]))
     rank = len(spec["out"])
@@ -119,7 +150,8 @@ def test_a_transposed_dot_and_its_swapped_dot_reach_one_form(spec):
                         {"permutation": q})
         before_one, one = _normal(_transposed_dot(spec, perm), [spec["lhs"], spec["rhs"]])
         before, other = _normal(build, [spec["lhs"], spec["rhs"]])
-        if _absorbable(spec, perm):
+        free = [r for r in _regions(spec, perm) if r]
+        if free in (sorted(free), sorted(free)[::-1]):
             assert _form(one) == _form(other), perm
             _agree(before, other, [spec["lhs"], spec["rhs"]])
         else:      # (the operands in dot_layout's standard order at most)
@@ -127,6 +159,34 @@ def test_a_transposed_dot_and_its_swapped_dot_reach_one_form(spec):
                 assert next(op for op in h.ops if op.output == h.outputs[0]).kind \
                     == "transpose", perm
         _agree(before_one, one, [spec["lhs"], spec["rhs"]])
+
+
+@pytest.mark.parametrize("reader", ["transpose", "dot"])
+def test_a_transpose_its_reader_composes_is_split_as_the_composition(reader):
+    # the program's einsum output transposed (its batch dim moved), then read by a
+    # transpose, or by a dot contracting that batch dim (whose operand layout composes
+    # it): the composition interleaves the free dims and stays whole, as the other
+    # side's single transpose does, instead of the dot taking the first one's order
+    spec, first = _TWO_FREE, (2, 1, 0, 3)          # [6, 4, 3, 5]: the batch dim moved
+    shapes = [spec["lhs"], spec["rhs"], (3, 6)]
+    mid = tuple(spec["out"][j] for j in first)
+    composed = (2, 3, 0, 1) if reader == "transpose" else (1, 3, 0, 2)
+    assert _splittable(spec, first) and not _splittable(spec, composed)
+
+    def build(b, x, y, w):
+        t = _transposed_dot(spec, first)(b, x, y)
+        if reader == "transpose":
+            return b.op("transpose", [t], tuple(mid[j] for j in (0, 3, 2, 1)), "float32",
+                        {"permutation": (0, 3, 2, 1)})
+        return _dot(b, t, w, (4, 5), (2, 0), (0, 1))     # contracts [3, 6]
+
+    def build_composed(b, x, y, w):
+        t = _transposed_dot(spec, composed)(b, x, y)
+        return t if reader == "transpose" else _dot(b, t, w, (4, 5), (2, 3), (0, 1))
+    before, g = _normal(build, shapes)
+    _agree(before, g, shapes)
+    _, other = _normal(build_composed, shapes)
+    assert _form(g) == _form(other)
 
 
 def _gathered_dot(transpose_first: bool, perm=(1, 0)):
@@ -300,3 +360,16 @@ def test_compiled_allgather_kv_gradients_verify_and_the_summed_loss_twin_is_loca
     cp = example_module("context_parallel_allgather_kv")
     assert_compiled_case_and_twin(tmp_path, cp.cp_allgather_kv_grads(),
                                   cp.cp_bug_loss_summed_over_cp(), dumped=True)
+
+
+def test_compiled_ulysses_gradients_verify_and_their_twins_do_not(tmp_path):
+    # the program's dq^T = k^T ds^T transposed to [q, h, d] meets XLA's dq = ds k [h, q, d]
+    # gathered and transposed alike (a transpose moving the batch dim h left after each)
+    u = example_module("ulysses_attention")
+    res = verify_texts(tmp_path, *compiled_pair(u.ulysses_grads()))
+    assert res.verified, [(f.op, f.line, f.message[:200]) for f in res.failures[:2]]
+    assert_views_hold(res.problem, res.views, seeds=(0,), padded=res.padded_views)
+    assert_compiled_case_and_twin(tmp_path, u.ulysses_causal_attention(),
+                                  u.ulysses_bug_back_all_to_all_wrong_concat_axis())
+    twin = u.ulysses_bug_grad_over_scaled_by_sp()
+    assert not verify_texts(tmp_path, *compiled_pair(twin)).verified
