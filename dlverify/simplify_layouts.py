@@ -25,7 +25,7 @@ dot takes a transpose it can compute whole:
   operands' free dims (size-1 ones too) stays: its split would be read off where
   one side's size-1 dim is the other's sized dim, and the sides would split it
   differently. Nor is a transpose split while a reader takes its layout into its
-  own (a transpose composing the two; a dot contracting a batch dim it moves, whose
+  own (a transpose composing the two; a dot contracting one of its batch dims, whose
   operand order simplify.dot_layout composes with it): the composition is split
   as a whole or stays, as the other side's single transpose does;
 * transposes enter concatenations, slices and elementwise ops of one tensor and
@@ -199,7 +199,7 @@ class _LayoutRules(_Rewriter):
     def _composed_by_reader(self, t: int, moved: set[int]) -> bool:
         """Whether a reader of t (as the pass began) takes t's layout into its own: a
         transpose (composing the two), or a dot contracting one of t's dims `moved`
-        (whose place in t no reader sees)."""
+        (the dot's batch dims: where t puts a dim summed away is the reader's to say)."""
         if self._readers is None:
             self._readers = {}
             for o in self.g.ops:
