@@ -79,6 +79,7 @@ import numpy as np
 from dlverify.ir import FoldedOp, Graph, IdAllocator, Op
 from dlverify.ops.table import KINDS, Family
 from dlverify.rewrites import _drop_newly_dead, _unused
+from dlverify.simplify_accumulate import accumulate_forms
 from dlverify.simplify_compiled import compiled_forms
 from dlverify.simplify_forms import _merge_groups
 from dlverify.simplify_moves import _MoveRules
@@ -518,6 +519,7 @@ class _Simplifier(_MoveRules, _SinkRules, _LayoutRules):
                     or self.free_merge_under_transpose(op)
                     or self.sink_dot_reshape(op) or self.split_contraction(op)
                     or self.negated_sum(op) or self.masked_neg(op) or compiled_forms(self, op)
+                    or accumulate_forms(self, op)
                     or self.reduce_of_reshape(op) or self.moves(op)
                     or self.common_value(op)):
                 changed = True
