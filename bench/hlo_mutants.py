@@ -13,7 +13,10 @@ A mutant that verifies is run on random inputs by the shared evaluator (the
 programs as read, before any rewrite) against the relations the verdict
 claims: if an output differs, the verdict is UNSOUND (exit 1). A mutant that
 verifies and computes what the original computed on every rank is an
-equivalent mutant (e.g. max/min of equal operands): not a finding. Any
+equivalent mutant (e.g. max/min of equal operands): not a finding. One whose
+outputs differ only by an inf or NaN on one side is counted apart
+(verified-nonfinite): equal over the reals, which is what a verdict is about,
+but not in floats (a softmax stabilised by another value than its max). Any
 exception other than an input error is a CRASH (exit 1). Rejected mutants
 (an input error: the mutation broke the module's shapes) are counted.
 Deterministic: the mutations are enumerated in file order and sampled with a
@@ -36,7 +39,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from dlverify.errors import InputError
-from dlverify.hlo_api import hlo_problem, verify_hlo
+from dlverify.hlo_api import hlo_problem, relate_elided_constants, verify_hlo
 from dlverify.ir import IdAllocator
 from dlverify.numeric import run_both, value_error
 from dlverify.ops.semantics import NotExecutable
@@ -52,6 +55,7 @@ SWAPPED_OPCODE = {"add": "subtract", "subtract": "add", "multiply": "add", "divi
 FLIPPED_DIRECTION = {"LT": "LE", "LE": "LT", "GT": "GE", "GE": "GT", "EQ": "NE", "NE": "EQ"}
 ORDERED = ("subtract", "divide", "power", "atan2", "remainder")
 TOL = 1e-5
+NONFINITE = "an inf or NaN on one side only"
 SEEDS = (1, 2, 3)   # random inputs per verified mutant: a bug on some inputs only
 
 
@@ -209,9 +213,10 @@ def _claims_hold(seq: Path, mutant: Path, res) -> tuple[bool, str]:
     """Whether the verified mutant computes, on random inputs, each output the verdict
     reconstructs: the module as read (no rewrite), the verdict's input relations."""
     fresh = hlo_problem(seq, mutant, None, None, IdAllocator())
+    relate_elided_constants(fresh)   # as the verdict did: equal random values on both sides
     claimed = res.problem
     if len(claimed.inputs) != len(fresh.inputs):
-        return True, "elided constants related: not checked"
+        return False, "the verdict's inputs are not the module's: not checked"
     fresh.inputs = list(claimed.inputs)
     rels = [claimed.outputs[i] or infer_output_relation(claimed, i, res.views)
             for i in range(len(fresh.seq.outputs))]
@@ -226,7 +231,10 @@ def _claims_hold(seq: Path, mutant: Path, res) -> tuple[bool, str]:
                 want = want_all[tuple(slice(o, o + n) for o, n in zip(rel.offsets[r], got.shape))]
                 err = value_error(got, want)
                 if err > TOL * max(1.0, float(np.max(np.abs(want))) if want.size else 0.0):
-                    return False, f"output {idx} rank {r}, seed {seed}: off by {err:.3g}"
+                    where = f"output {idx} rank {r}, seed {seed}"
+                    if np.isfinite(got).all() and np.isfinite(want).all():
+                        return False, f"{where}: off by {err:.3g}"
+                    return False, f"{where}: {NONFINITE}"
     return True, ""
 
 
@@ -255,6 +263,10 @@ def run_mutant(pair: str, seq: Path, dist_text: str, mut: Mutation, work: Path) 
         return Outcome(pair, mut.kind, mut.line, "skipped", f"not executable: {e}", seconds)
     if holds:
         return Outcome(pair, mut.kind, mut.line, "verified-equivalent", why, seconds)
+    if why.endswith(NONFINITE):
+        # equal over the reals, apart in floats (e.g. a softmax shifted by another value
+        # than its max overflows): what a verdict means (shared/design/semantics.md), but listed
+        return Outcome(pair, mut.kind, mut.line, "verified-nonfinite", why, seconds)
     return Outcome(pair, mut.kind, mut.line, "UNSOUND", why, seconds)
 
 
