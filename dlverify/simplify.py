@@ -82,6 +82,7 @@ from dlverify.rewrites import _drop_newly_dead, _unused
 from dlverify.simplify_accumulate import accumulate_forms
 from dlverify.simplify_compiled import compiled_forms
 from dlverify.simplify_forms import _merge_groups
+from dlverify.simplify_merged import merged_forms
 from dlverify.simplify_moves import _MoveRules
 from dlverify.simplify_layouts import _LayoutRules
 from dlverify.simplify_reciprocals import scaled_reciprocal
@@ -520,6 +521,7 @@ class _Simplifier(_MoveRules, _SinkRules, _LayoutRules):
                     or self.sink_dot_reshape(op) or self.split_contraction(op)
                     or self.negated_sum(op) or self.masked_neg(op) or compiled_forms(self, op)
                     or accumulate_forms(self, op)
+                    or merged_forms(self, op)
                     or self.reduce_of_reshape(op) or self.moves(op)
                     or self.common_value(op)):
                 changed = True
