@@ -11,7 +11,9 @@ import networkx as nx
 from dlverify import ir
 from dlverify import schema as S
 from dlverify.correspondence import counterpart_failure
-from dlverify.diagnosis_origin import earliest_origin, origin, scaled_operand
+from dlverify.diagnosis_origin import (earliest_origin, origin, own_loc, primitives, rescaled_sums,
+                                       scaled_operand)
+from dlverify.diagnosis_outputs import output_failures, seq_frontier_failures
 from dlverify.ir import Graph, Op
 from dlverify.outputs import infer_output_relation
 from dlverify.partial_tags import TRANS_BASE, full_size, group_class, is_group_axis, reindexing
@@ -45,6 +47,10 @@ class Judge:
 
     def _origin(self, d: int, r: int, vs: list[ViewFact]) -> Op | None:
         return origin(self.dist_prod, self.by_dist, d, r, vs)   # diagnosis_origin.py
+
+    @functools.cached_property
+    def _consumers(self) -> dict[int, list[Op]]:
+        return self.p.dist.consumers()
 
     @functools.cached_property
     def _order(self) -> dict[int, int]:
@@ -126,7 +132,9 @@ class Judge:
         if not failing:
             return True, outputs, []
         dist_anc = self._ancestor_ops(p.dist, [f[3] for f in failing])
-        failures = self.frontier_failures(failing, dist_anc) + self.output_failures(failing)
+        seq_first, seq_later = seq_frontier_failures(self, failing)   # diagnosis_outputs.py
+        failures = (self.frontier_failures(failing, dist_anc) + seq_first
+                    + output_failures(self, failing) + seq_later)
         return False, outputs, self._counterpart(dist_anc) + failures
 
     def _counterpart(self, anc: set[int]) -> list[Failure]:
@@ -158,7 +166,6 @@ class Judge:
         """`dist_anc`: the distributed ops the failing outputs depend on."""
         p = self.p
         out: list[Failure] = []
-        seq_anc = self._ancestor_ops(p.seq, [f[2] for f in failing])
         order = {op.id: i for i, op in enumerate(p.dist.ops)}
         dist_ops = [o for o in self.dist_frontier if o in dist_anc]
         # ranks on which the op's result reaches a failing output
@@ -189,16 +196,10 @@ class Judge:
             first = views[ranks[0]]
             ins = (" [" + " | ".join(f"operand {i} on rank {ranks[0]}: {d}"
                                      for i, d in enumerate(first)) + "]") if first else ""
-            out.append(Failure(op.kind, op.loc.file, op.loc.line,
+            loc = own_loc(op, self._consumers, self.dist_prod)
+            out.append(Failure(op.kind, loc.file, loc.line,
                                msg + (f": {reason}" if reason else "") + ins, "distributed",
-                               op.loc.frames, ranks, reason, kind, views))
-        sorder = {op.id: i for i, op in enumerate(p.seq.ops)}
-        for op_id in sorted((o for o in self.seq_frontier if o in seq_anc), key=sorder.__getitem__):
-            op = self.seq_ops[op_id]
-            out.append(Failure(op.kind, op.loc.file, op.loc.line,
-                               f"the sequential {op.kind} has operands related to the distributed "
-                               f"program but no distributed value equals (a block of) its output",
-                               "sequential", op.loc.frames, kind="sequential-frontier"))
+                               loc.frames, ranks, reason, kind, views))
         return out
 
     def _scaled_operand_failure(self, op: Op, ranks: tuple[int, ...]) -> Failure | None:
@@ -209,7 +210,9 @@ class Judge:
         pos, vs = found
         entry_view = earliest_origin(self.dist_prod, self.by_dist, self.seq_prod, self._order,
                                      op.inputs[pos], ranks[0], vs)
-        if entry_view is None or entry_view[0].id == op.id:
+        if entry_view is None:
+            return self._rescaled_sum_failure(op, ranks, pos, vs)
+        if entry_view[0].id == op.id:
             return None
         entry, at = entry_view
         msg = (f"{entry.kind} makes {self.view_text(at)} on rank {ranks[0]}, a value "
@@ -219,6 +222,28 @@ class Judge:
         return Failure(entry.kind, entry.loc.file, entry.loc.line, msg, "distributed",
                        entry.loc.frames, ranks, kind="scale-mismatch",
                        operand_views={q: self.operand_views(entry, q) for q in ranks})
+
+    def _rescaled_sum_failure(self, op: Op, ranks: tuple[int, ...], pos: int,
+                              vs: list[ViewFact]) -> Failure | None:
+        """The scaled operand of a frontier op is a collective's sum of scaled terms
+        divided by the wrong amount after it (diagnosis_origin.rescaled_sums). Of
+        several such ops (XLA folds a division into each literal product that follows
+        it, and keeps the division's metadata on one), a division the user wrote
+        first, then the earliest."""
+        found = rescaled_sums(self.dist_prod, self._consumers, self.by_dist,
+                              op.inputs[pos], ranks[0])
+        if not found:
+            return None
+        at, coll, summed, made = min(found, key=lambda f: (
+            "div" not in primitives(f[0].loc.op_name), self._order[f[0].id]))
+        msg = (f"{at.kind} turns the result of {self.op_desc(coll)}, {self.view_text(summed)} on "
+               f"rank {ranks[0]}, into {self.view_text(made)}, still {scale_value(made.scale)} "
+               f"times the sequential value; {self.op_desc(op)} reads operand {pos} as "
+               f"{self.view_text(vs[0])}: a division of the collective's sum by the wrong "
+               f"factor (applied twice, or the wrong world size)?")
+        return Failure(at.kind, at.loc.file, at.loc.line, msg, "distributed", at.loc.frames,
+                       ranks, kind="scale-mismatch",
+                       operand_views={q: self.operand_views(at, q) for q in ranks})
 
     def _drop_bridged(self, dist_ops: list[int], dist_anc: set[int]) -> None:
         """Forget the ranks on which a frontier op's result is bridged: every consumer
@@ -532,68 +557,3 @@ class Judge:
         """The distributed values the failing outputs depend on."""
         anc = self._ancestor_ops(self.p.dist, [f[3] for f in failing])
         return {self.dist_ops[o].output for o in anc if o in self.dist_ops} | set(self.p.dist.inputs)
-
-    def output_failures(self, failing: list) -> list[Failure]:
-        out = []
-        live = self._live(failing)
-        for idx, name, s, d, rel, bad in failing:
-            prod = self.dist_prod.get(d)
-            for r in bad[:1] if len(bad) > 1 else bad:
-                vs = self.by_seq_dist.get((s, d, r), [])
-                # a partial result of a collective whose operand lacks terms on every rank
-                made = self._origin(d, r, vs) if vs and vs[0].partial is not None else None
-                lost = (self._missing_terms(made, r, live)
-                        if made is not None and made.kind in ("all_reduce", "reduce_scatter") else None)
-                if lost is not None:
-                    out.append(lost)
-                    continue
-                kind = "no-relation"
-                if rel is None:   # whole blocks out of device order (outputs.py), or no views
-                    whole = {q: [w for w in self.by_seq_dist.get((s, d, q), [])
-                                 if w.partial is None and w.scale == UNIT_SCALE] for q in bad}
-                    msg = f"{name}: no expected relation given"
-                    if all(whole.values()):
-                        kind, shape = "wrong-block", self.p.dist.tensors[d].shape
-                        held = ", ".join(f"rank {q} {fmt_offsets(whole[q][0].offsets, shape)}"
-                                         for q in bad[:4])
-                        msg += (f", and the ranks hold whole blocks of it out of device order "
-                                f"({held}{', ...' if len(whole) > 4 else ''}): a shift or swap "
-                                f"in the wrong direction?")
-                elif not vs:
-                    msg = (f"{name} on rank {r}: no relation to the sequential output derived")
-                else:
-                    v = vs[0]
-                    shape = self.p.dist.tensors[d].shape
-                    exp = fmt_offsets(rel.offsets[r], shape)
-                    if v.partial is not None:
-                        kind = "unreduced-partial"
-                        msg = (f"{name} on rank {r} is a partial sum that is never reduced "
-                               f"({self.view_text(v)})")
-                    elif v.scale != UNIT_SCALE:
-                        kind = "scale-mismatch"
-                        found = earliest_origin(self.dist_prod, self.by_dist, self.seq_prod,
-                                                self._order, d, r,
-                                                [w for w in vs if w.partial is None])
-                        entry = found[0] if found else None
-                        msg = (f"{name} on rank {r} is {scale_value(v.scale)} times the sequential "
-                               f"value: scale differs by {scale_value(v.scale)}"
-                               + (f" (the factor enters at {self.op_desc(entry)})" if entry else ""))
-                    else:
-                        kind = "wrong-block"
-                        msg = (f"{name} on rank {r} holds {fmt_offsets(v.offsets, shape)} of the "
-                               f"sequential output but the output relation requires {exp}")
-                if len(bad) > 1:
-                    msg += f" (ranks {bad} fail)"
-                loc_op = prod
-                if vs and vs[0].partial is not None:
-                    loc_op = self._origin(d, r, vs) or prod
-                elif kind == "scale-mismatch" and entry is not None:
-                    loc_op = entry
-                frames = loc_op.loc.frames if loc_op else ()
-                out.append(Failure(loc_op.kind if loc_op else "output",
-                                   loc_op.loc.file if loc_op else "", loc_op.loc.line if loc_op else 0,
-                                   msg, "distributed", frames, tuple(bad), kind=kind,
-                                   operand_views={q: [self.view_text(w) for w in
-                                                      self.by_seq_dist.get((s, d, q), [])[:3]]
-                                                  or ["no view"] for q in bad}))
-        return out

@@ -10,7 +10,7 @@ exponential) where the mismatch is finally seen.
 """
 from __future__ import annotations
 
-from dlverify.ir import Op
+from dlverify.ir import Op, SourceLoc
 from dlverify.verdict import UNIT_SCALE, ViewFact
 
 
@@ -119,4 +119,74 @@ def introduces_factor(by_dist: dict[tuple[int, int], list[ViewFact]], op: Op, r:
     return True
 
 
-__all__ = ["earliest_origin", "introduces_factor", "origin", "scaled_operand"]
+def rescaled_sums(dist_prod: dict[int, Op], consumers: dict[int, list[Op]],
+                  by_dist: dict[tuple[int, int], list[ViewFact]], t: int,
+                  r: int) -> list[tuple[Op, Op, ViewFact, ViewFact]]:
+    """The products and divisions by a literal that t is computed from, on rank r,
+    each reading the result of a collective completing partial sums as c x a
+    sequential value and making c' x the same value, c' not 1: the division that
+    should cancel the factor the summed copies (local means) bring along, by the
+    wrong amount (XLA folds such divisions into the literals after the collective,
+    a second division too). introduces_factor never names the collective itself:
+    the factor is fixed after it, and these ops are where it is not. Returns
+    (op, the collective, the collective's view it reads, its result's view)."""
+    upstream, todo = {t}, [t]
+    while todo:
+        op = dist_prod.get(todo.pop())
+        for i in op.inputs if op is not None else ():
+            if i not in upstream:
+                upstream.add(i)
+                todo.append(i)
+    found = []
+    for x in sorted(upstream):
+        made = dist_prod.get(x)
+        if made is None or made.kind not in ("all_reduce", "reduce_scatter") \
+                or introduces_factor(by_dist, made, r):
+            continue
+        for u in consumers.get(x, []):
+            others = [i for i in u.inputs if i != x]
+            if u.output not in upstream or u.kind not in ("mul", "div") or len(others) != 1 \
+                    or (u.kind == "div" and u.inputs[0] != x) \
+                    or by_dist.get((others[0], r)):   # the other operand: a literal
+                continue
+            found += [(u, made, w, v) for w in by_dist.get((x, r), [])
+                      for v in by_dist.get((u.output, r), [])
+                      if w.partial is None and v.partial is None and v.seq == w.seq
+                      and w.scale != UNIT_SCALE and v.scale not in (UNIT_SCALE, w.scale)]
+    return found
+
+
+def primitives(op_name: str) -> set[str]:
+    """The primitives an XLA metadata op_name names ("jit(f)/transpose(jvp())/mul;
+    jit(f)/broadcast_in_dim": mul and broadcast_in_dim)."""
+    return {part.rsplit("/", 1)[-1].strip() for part in op_name.split(";") if part.strip()}
+
+
+def own_loc(op: Op, consumers: dict[int, list[Op]], dist_prod: dict[int, Op]) -> SourceLoc:
+    """Where the user wrote `op`. XLA gives an instruction it makes while assigning
+    layouts (a reshape as a bitcast) the metadata of its operand's producer, and the
+    physical transpose next to it the metadata of the user's reshape: a reshape or
+    transpose whose metadata names another primitive takes the location of its one
+    neighbour (a consumer, or operand 0's producer) whose metadata names this op's
+    primitive."""
+    if op.kind not in ("reshape", "transpose") or not op.loc.op_name or not op.loc.frames \
+            or op.kind in primitives(op.loc.op_name):
+        return op.loc
+    near = list(consumers.get(op.output, []))
+    near += [dist_prod[t] for t in op.inputs[:1] if t in dist_prod]
+    named = [n.loc for n in near if n.loc.frames and op.kind in primitives(n.loc.op_name)]
+    mine, here = op.loc.frames, op.loc.frames[0].file
+    # with the HLO frontend's instruction_frames, every op's frames start with its
+    # instruction's own line in the module: keep this op's, take the other's user frames
+    instruction = all(f.file != here for f in mine[1:]) and all(
+        n.frames[0].file == here and all(f.file != here for f in n.frames[1:]) for n in named)
+    user = {n.frames[1:] if instruction else n.frames for n in named}
+    if len(user) != 1:   # none, or neighbours written at different places
+        return op.loc
+    if instruction:
+        return SourceLoc(mine[:1] + named[0].frames[1:], op.loc.op_name, op.loc.primary)
+    return named[0]
+
+
+__all__ = ["earliest_origin", "introduces_factor", "origin", "own_loc", "primitives",
+           "rescaled_sums", "scaled_operand"]
