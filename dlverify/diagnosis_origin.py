@@ -129,12 +129,17 @@ def rescaled_sums(dist_prod: dict[int, Op], consumers: dict[int, list[Op]],
     wrong amount (XLA folds such divisions into the literals after the collective,
     a second division too). introduces_factor never names the collective itself:
     the factor is fixed after it, and these ops are where it is not. Returns
-    (op, the collective, the collective's view it reads, its result's view)."""
+    (op, the collective, the collective's view it reads, its result's view). The walk
+    back from t follows values held scaled on rank r only (the factor travels there),
+    so it stays in the scaled region, not the whole cone of each frontier op."""
+    def scaled(x: int) -> bool:
+        return any(v.partial is None and v.scale != UNIT_SCALE for v in by_dist.get((x, r), []))
+
     upstream, todo = {t}, [t]
     while todo:
         op = dist_prod.get(todo.pop())
         for i in op.inputs if op is not None else ():
-            if i not in upstream:
+            if i not in upstream and scaled(i):
                 upstream.add(i)
                 todo.append(i)
     found = []
