@@ -14,9 +14,10 @@ where the normalisation follows the product with V:
 
     dot(exp(x - k), v; contracting a) / sum_a exp(x - k)  =  dot(softmax_a(x), v).
 
-Both are identities of real arithmetic for every k that does not vary along a;
-the pass checks that structurally: k reaches the subtraction only through
-broadcasts that never index axis a. The sum must be exactly the one over axis a
+Both are identities of real arithmetic for every real k that does not vary
+along a; the pass checks that structurally: k reaches the subtraction only
+through broadcasts that never index axis a, and k is finite for finite inputs
+(dlverify/finite_values.py: `max(reduce_max(x), -inf)` is, `min(..., -inf)` is not). The sum must be exactly the one over axis a
 of the same exponential, broadcast back along a. The exponential and the sum
 keep their other consumers (a backward pass reads them).
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from dlverify.finite_values import FiniteValues
 from dlverify.ir import Graph, IdAllocator, Op, Tensor
 
 
@@ -103,6 +105,7 @@ class _Softmaxes:
         self.g = g
         self.ids = ids
         self.producer = {op.output: op for op in g.ops}
+        self.finite = FiniteValues(g)
 
     def shape(self, t: int) -> tuple[int, ...]:
         return self.g.tensors[t].shape
@@ -112,7 +115,8 @@ class _Softmaxes:
 
     def exp_of_shift(self, e: int, axis: int) -> int | None:
         """x, when e = exp(x) up to shifts: e = exp(x + k1 - k2 ...) with every k
-        constant along `axis` (the softmax of x - c is the softmax of x)."""
+        constant along `axis` and a finite real (the softmax of x - c is the softmax
+        of x for a real c; a stabiliser that may be -inf makes NaNs instead)."""
         op = self.producer.get(e)
         if op is None or op.kind != "exp":
             return None
@@ -123,7 +127,8 @@ class _Softmaxes:
                 return x
             shifted = [i for i, t in enumerate(inner.inputs)
                        if self.shape(t) == self.shape(e) and (inner.kind == "add" or i == 0)
-                       and axis not in self.source(inner.inputs[1 - i]).dims]
+                       and axis not in self.source(inner.inputs[1 - i]).dims
+                       and self.finite(inner.inputs[1 - i])]
             if not shifted:
                 return x
             x = inner.inputs[shifted[0]]

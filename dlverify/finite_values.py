@@ -1,0 +1,88 @@
+"""Which values are finite reals whenever the program's inputs are: the side
+condition of identities that hold for real numbers only.
+
+The softmax shift identity exp(x - k) / sum exp(x - k) = softmax(x)
+(dlverify/softmax_form.py) needs k to be a real number. A stabiliser computed as
+`max(reduce_max(x), -inf)` (JAX's softmax) is one; `min(reduce_max(x), -inf)`,
+or the -inf splat read by mistake, is not, and the program then yields NaN where
+the sequential one does not: no rewrite may treat the two as equal.
+
+A value is finite when its op maps finite reals to finite reals (sums,
+products, exponentials, moves, collectives, ...) and its operands are finite; a
+literal when every element is finite; a max (min) when its operands are, or one
+is and the other is a -inf (+inf) splat, the identity the max starts from.
+Divisions, logarithms, roots, custom calls and elided constants are not known to
+be finite. Integer and boolean values always are. Structural, memoised, one
+visit per op: linear in the graph.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from dlverify.ir import Graph, Op
+from dlverify.ops.dtypes import is_float_dtype
+
+# Ops that map finite real operands to a finite real (or an integer, a bool).
+TOTAL = frozenset({
+    "abs", "add", "sub", "mul", "neg", "exp", "exp2", "expm1", "tanh", "logistic", "sin", "cos",
+    "sinh", "cosh", "atan", "asinh", "erf", "erfc", "square", "sign", "floor", "ceil", "round",
+    "cbrt", "clamp", "broadcast_in_dim", "reshape", "transpose", "slice", "dynamic_slice",
+    "dynamic_update_slice", "concatenate", "pad", "rev", "gather", "scatter", "scatter_add",
+    "select_n", "dot_general", "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "cumsum",
+    "cummax", "cummin", "cumprod", "all_gather", "all_reduce", "all_to_all", "collective_permute",
+    "reduce_scatter", "softmax", "sort", "top_k", "iota", "axis_index", "convert_to_int",
+    "convert_to_bool", "eq", "ne", "lt", "le", "gt", "ge", "argmax", "argmin", "is_finite",
+})
+EXTREMUM_IDENTITY = {"max": -np.inf, "min": np.inf}
+
+
+class FiniteValues:
+    """finite(t): tensor t of graph g is a finite real for all finite inputs."""
+
+    def __init__(self, g: Graph) -> None:
+        self.g = g
+        self.producer = {op.output: op for op in g.ops}
+        self.memo: dict[int, bool] = {}
+
+    def __call__(self, t: int) -> bool:
+        todo = [t]
+        while todo:   # operands first, without recursion (graphs are deep)
+            x = todo[-1]
+            if x in self.memo:
+                todo.pop()
+                continue
+            op = self.producer.get(x)
+            pending = [i for i in (op.inputs if op is not None else ()) if i not in self.memo]
+            if pending:
+                todo.extend(pending)
+                continue
+            self.memo[x] = self._finite(x, op)
+            todo.pop()
+        return self.memo[t]
+
+    def _finite(self, t: int, op: Op | None) -> bool:
+        dtype = self.g.tensors[t].dtype
+        if op is None or not is_float_dtype(dtype):
+            return True     # an input (a real number), or an integer or bool value
+        if op.kind == "constant":
+            v = op.params.get("value")
+            return v is not None and bool(np.all(np.isfinite(np.asarray(v, dtype=np.float64))))
+        if op.kind in EXTREMUM_IDENTITY:
+            a, b = (self.memo[i] for i in op.inputs)
+            ident = EXTREMUM_IDENTITY[op.kind]
+            return (a and b) or (a and self.splat_of(op.inputs[1], ident)) \
+                or (b and self.splat_of(op.inputs[0], ident))
+        if op.kind == "integer_pow":
+            return op.params.get("y", -1) >= 0 and self.memo[op.inputs[0]]
+        return op.kind in TOTAL and all(self.memo[i] for i in op.inputs)
+
+    def splat_of(self, t: int, value: float) -> bool:
+        """t repeats one literal equal to `value` (through broadcasts and reshapes)."""
+        op = self.producer.get(t)
+        while op is not None and op.kind in ("broadcast_in_dim", "reshape"):
+            op = self.producer.get(op.inputs[0])
+        if op is None or op.kind != "constant" or op.params.get("value") is None:
+            return False
+        v = np.asarray(op.params["value"], dtype=np.float64)
+        return bool(v.size) and bool(np.all(v == value))
+
