@@ -16,7 +16,9 @@ is about the same functions:
   their operand; a reshape of a reshape is one reshape (both are row-major
   re-indexings of the same elements), and so is a transpose that only moves
   the size-1 dims a reshape inserted (XLA's unrolled scan transposes a
-  micro-batch's [1, m, n] to [m, 1, n]); an iota of rank > 1 is the broadcast of
+  micro-batch's [1, m, n] to [m, 1, n]), and reshapes on both sides of an
+  all-reduce that cancel are dropped (the partitioner's keepdims row statistic,
+  dlverify/simplify_int.py); an iota of rank > 1 is the broadcast of
   a 1-D iota (never the other way round: a program that adds a rank offset to
   its 1-D positions before broadcasting them keeps that form);
 * reciprocals: `x * (1 / y)` is `x / y` (also through a broadcast_in_dim of
@@ -81,6 +83,7 @@ from dlverify.ops.table import KINDS, Family
 from dlverify.rewrites import _drop_newly_dead, _unused
 from dlverify.simplify_accumulate import accumulate_forms
 from dlverify.simplify_compiled import compiled_forms
+from dlverify.simplify_int import reshaped_all_reduce
 from dlverify.simplify_forms import _merge_groups
 from dlverify.simplify_merged import merged_forms
 from dlverify.simplify_moves import _MoveRules
@@ -512,7 +515,8 @@ class _Simplifier(_MoveRules, _SinkRules, _LayoutRules):
                     or self.dot_layout(op) or self.sink_reshape(op)
                     or self.unit_dims_into_dot(op) or self.unit_dims_batched(op)
                     or self.unit_dims_into_broadcast(op) or self.layouts(op)
-                    or self.transpose_into_all_reduce(op) or self.all_reduce_of_concatenate(op)
+                    or self.transpose_into_all_reduce(op) or reshaped_all_reduce(self, op)
+                    or self.all_reduce_of_concatenate(op)
                     or self.reshape_out_of_all_gather(op)
                     or self.transpose_out_of_all_gather(op) or self.literal_dynamic_slice(op)
                     or self.slice_of_reshape(op)

@@ -279,23 +279,7 @@ class _IntForms(_Rewriter):
 
     # ------------------------------------------------------------------ all-reduce
     def reshaped_all_reduce(self, op: Op) -> bool:
-        """reshape(all_reduce(reshape(x))) back to x's shape is all_reduce(x): each
-        rank moves its elements alike and the reduction is position by position, so
-        the two reshapes cancel. XLA reduces a row max as [n, 1] between two
-        bitcasts; the program reduces it as [n]. (Only the pair: a lone reshape stays
-        where the program put it, which the padded views of uneven shards read.)"""
-        if op.kind != "reshape":
-            return False
-        ar = self.producer.get(op.inputs[0])
-        if ar is None or ar.kind != "all_reduce" or len(ar.inputs) != 1:
-            return False
-        inner = self.producer.get(ar.inputs[0])
-        if inner is None or inner.kind != "reshape" or self.shape(inner.inputs[0]) != self.shape(op.output):
-            return False
-        dtype = self.g.tensors[op.output].dtype
-        self.new_op("all_reduce", [inner.inputs[0]], self.shape(op.output), dtype, ar.params, ar,
-                    output=op.output)
-        return True
+        return reshaped_all_reduce(self, op)
 
     # ------------------------------------------------------------------ whole slices
     def whole_slice(self, op: Op) -> bool:
@@ -374,3 +358,26 @@ def fold_int_expansions(graph: Graph, ids: IdAllocator, mesh: Mesh | None) -> bo
 
 
 __all__ = ["fold_int_expansions"]
+
+
+def reshaped_all_reduce(rw: _Rewriter, op: Op) -> bool:
+    """reshape(all_reduce(reshape(x))) back to x's shape is all_reduce(x): each
+    rank moves its elements alike and the reduction is position by position, so
+    the two reshapes cancel. XLA reduces a row max as [n, 1] between two
+    bitcasts; the program reduces it as [n]. (Only the pair: a lone reshape stays
+    where the program put it, which the padded views of uneven shards read.) Also
+    a rule of the normal form (dlverify/simplify.py): the SPMD partitioner puts
+    an identity broadcast between the all-reduce and the outer reshape, which
+    only the normal form folds."""
+    if op.kind != "reshape":
+        return False
+    ar = rw.producer.get(op.inputs[0])
+    if ar is None or ar.kind != "all_reduce" or len(ar.inputs) != 1:
+        return False
+    inner = rw.producer.get(ar.inputs[0])
+    if inner is None or inner.kind != "reshape" or rw.shape(inner.inputs[0]) != rw.shape(op.output):
+        return False
+    dtype = rw.g.tensors[op.output].dtype
+    rw.new_op("all_reduce", [inner.inputs[0]], rw.shape(op.output), dtype, ar.params, ar,
+              output=op.output)
+    return True

@@ -557,6 +557,27 @@ def test_a_transposed_all_reduce_is_the_all_reduce_of_the_transpose():
         np.testing.assert_allclose(a, b, rtol=1e-6)
 
 
+@pytest.mark.parametrize("reducer", ["max", "sum"])
+def test_a_keepdims_all_reduce_between_its_reshapes_is_the_all_reduce(reducer):
+    """The SPMD partitioner's row statistic: reshape [8] -> [8, 1], all-reduce, an
+    identity broadcast, reshape back to [8]. The normal form folds the broadcast and
+    then cancels the reshapes around the all-reduce (simplify_int.reshaped_all_reduce),
+    on 2 ranks with the same values."""
+    def build(b, x):
+        r = b.op("reshape", [x], (8, 1), "float32")
+        s = b.op("all_reduce", [r], (8, 1), "float32", {"reducer": reducer, "groups": [[0, 1]]})
+        same = b.op("broadcast_in_dim", [s], (8, 1), "float32",
+                    {"broadcast_dimensions": (0, 1), "shape": (8, 1)})
+        return b.op("reshape", [same], (8,), "float32")
+    g, ids = _graph(build, [(8,)])
+    before = copy.deepcopy(g)
+    assert simplify_graph(g, ids)
+    assert [op.kind for op in g.ops] == ["all_reduce"]
+    ins = [[np.random.default_rng(r).standard_normal(8).astype(np.float32) for r in (0, 1)]]
+    for a, b in zip(*[Interpreter(h, 2).run(ins)[h.outputs[0]] for h in (before, g)]):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
 def test_free_dims_merged_under_a_transpose_leave_the_dot():
     # the program's weight gradient of w_o: x [b, s, h, d] merged to [b, s, h*d], then
     # transposed to [h*d, b, s] and contracted over (b, s); the partitioner contracts
