@@ -12,7 +12,7 @@ from dlverify import ir
 from dlverify import schema as S
 from dlverify.correspondence import counterpart_failure
 from dlverify.diagnosis_origin import (earliest_origin, origin, own_loc, primitives, rescaled_sums,
-                                       scaled_operand)
+                                       scaled_operand, unscaled_sum)
 from dlverify.diagnosis_outputs import output_failures, seq_frontier_failures
 from dlverify.ir import Graph, Op
 from dlverify.outputs import infer_output_relation
@@ -211,7 +211,8 @@ class Judge:
         entry_view = earliest_origin(self.dist_prod, self.by_dist, self.seq_prod, self._order,
                                      op.inputs[pos], ranks[0], vs)
         if entry_view is None:
-            return self._rescaled_sum_failure(op, ranks, pos, vs)
+            return (self._rescaled_sum_failure(op, ranks, pos, vs)
+                    or self._unscaled_sum_failure(op, ranks, pos, vs))
         if entry_view[0].id == op.id:
             return None
         entry, at = entry_view
@@ -219,9 +220,7 @@ class Judge:
                f"{scale_value(at.scale)} times the sequential one; the factor is carried to "
                f"{self.op_desc(op)}, which reads operand {pos} as {self.view_text(vs[0])}: a "
                f"factor such as the world size applied twice, or not at all?")
-        return Failure(entry.kind, entry.loc.file, entry.loc.line, msg, "distributed",
-                       entry.loc.frames, ranks, kind="scale-mismatch",
-                       operand_views={q: self.operand_views(entry, q) for q in ranks})
+        return self._scale_failure(entry, ranks, msg)
 
     def _rescaled_sum_failure(self, op: Op, ranks: tuple[int, ...], pos: int,
                               vs: list[ViewFact]) -> Failure | None:
@@ -241,6 +240,25 @@ class Judge:
                f"times the sequential value; {self.op_desc(op)} reads operand {pos} as "
                f"{self.view_text(vs[0])}: a division of the collective's sum by the wrong "
                f"factor (applied twice, or the wrong world size)?")
+        return self._scale_failure(at, ranks, msg)
+
+    def _unscaled_sum_failure(self, op: Op, ranks: tuple[int, ...], pos: int,
+                              vs: list[ViewFact]) -> Failure | None:
+        """The scaled operand of a frontier op is a collective's sum of terms that carry
+        the factor, which nothing after it divides (diagnosis_origin.unscaled_sum)."""
+        found = unscaled_sum(self.dist_prod, self.by_dist, self.seq_prod, op.inputs[pos],
+                             ranks[0], vs)
+        if found is None:
+            return None
+        coll, terms, made = found
+        msg = (f"{coll.kind} sums partial terms each {scale_value(terms.scale)} times the "
+               f"sequential ones into {self.view_text(made)} on rank {ranks[0]}, and nothing "
+               f"after it divides the sum; {self.op_desc(op)} reads operand {pos} as "
+               f"{self.view_text(vs[0])}: local means summed over the ranks, a division missing?")
+        return self._scale_failure(coll, ranks, msg)
+
+    def _scale_failure(self, at: Op, ranks: tuple[int, ...], msg: str) -> Failure:
+        """A scale-mismatch failure reported at `at`, with its operands' views."""
         return Failure(at.kind, at.loc.file, at.loc.line, msg, "distributed", at.loc.frames,
                        ranks, kind="scale-mismatch",
                        operand_views={q: self.operand_views(at, q) for q in ranks})

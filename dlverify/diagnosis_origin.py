@@ -27,12 +27,14 @@ def origin(dist_prod: dict[int, Op], by_dist: dict[tuple[int, int], list[ViewFac
 
 
 def walk(dist_prod: dict[int, Op], by_dist: dict[tuple[int, int], list[ViewFact]], d: int,
-         r: int, v: ViewFact, seq_prod: dict[int, Op] | None) -> tuple[Op, ViewFact] | None:
+         r: int, v: ViewFact, seq_prod: dict[int, Op] | None,
+         path: list[tuple[Op, ViewFact, ViewFact]] | None = None) -> tuple[Op, ViewFact] | None:
     """The walk back from d's view v: the op found and its result's view it followed.
     A factor is followed through an operand holding the same sequential value with a
     factor, or (with `seq_prod`, the sequential producers) a value the sequential one
     is computed from with a factor of its own, as a product multiplies them; an op
-    whose operands hold those values unscaled introduced it."""
+    whose operands hold those values unscaled introduced it. `path` collects each op
+    passed, its result's view and the operand's view followed."""
     t, seen = d, set()
     while t in dist_prod and t not in seen:
         seen.add(t)
@@ -44,6 +46,8 @@ def walk(dist_prod: dict[int, Op], by_dist: dict[tuple[int, int], list[ViewFact]
         if carried is None:
             return op, v
         _, _, t, w = carried
+        if path is not None:
+            path.append((op, v, w))
         if v.partial is None:   # follow the factor as the operand's view holds it
             v = w
     return None
@@ -111,12 +115,50 @@ def introduces_factor(by_dist: dict[tuple[int, int], list[ViewFact]], op: Op, r:
     factor its result carries was made by the op itself (a one-sided division or
     product), the line to fix. A collective completing partial sums that bring a
     factor along (local means summed over the ranks) is not: the fix is the division
-    missing after it, which the output's own producer is nearer to."""
+    after it, missing (unscaled_sum) or by the wrong amount (rescaled_sums)."""
     for i in op.inputs:
         vs = by_dist.get((i, r), [])     # none: a literal
         if vs and all(w.partial is not None for w in vs):
             return False
     return True
+
+
+def unscaled_sum(dist_prod: dict[int, Op], by_dist: dict[tuple[int, int], list[ViewFact]],
+                 seq_prod: dict[int, Op], d: int, r: int,
+                 vs: list[ViewFact]) -> tuple[Op, ViewFact, ViewFact] | None:
+    """The collective completing partial sums whose terms already carry d's factor
+    (local means summed over the ranks), reached back from d's views `vs` on rank r
+    (walk): no op after the collective fixes the factor, so the division belongs
+    right after it, the line to fix. (A compiled module puts other ops between the
+    collective and the output: XLA splits one all-reduce into column blocks joined by
+    a concatenate, or adds a bitcast; their metadata names lines that have nothing
+    to do with the factor.) Every op on the way must pass the factor on: a
+    collective there (summing complete copies multiplies by the group size), or an
+    op giving the same sequential value another factor with a literal only the
+    distributed program has (no view: a division the user wrote, rescaled_sums'
+    case), fixes the factor after the collective by the wrong amount, so it is not
+    missing. A product of values with views may change it (g * g squares it; a
+    literal both programs apply, grouped otherwise, moves it).
+    Returns the collective, a view of its operand's terms and of its result."""
+    def passes(op: Op, res: ViewFact, opnd: ViewFact) -> bool:
+        if op.kind in ("all_reduce", "reduce_scatter"):
+            return False
+        return res.seq != opnd.seq or res.scale == opnd.scale or all(
+            by_dist.get((i, r)) for i in op.inputs)
+
+    for v in (v for v in vs if v.partial is None):
+        path: list[tuple[Op, ViewFact, ViewFact]] = []
+        found = walk(dist_prod, by_dist, d, r, v, seq_prod, path)
+        if found is None or not all(passes(*step) for step in path):
+            continue
+        op, at = found
+        if op.kind not in ("all_reduce", "reduce_scatter") or introduces_factor(by_dist, op, r):
+            continue
+        terms = [w for i in op.inputs for w in by_dist.get((i, r), [])
+                 if w.partial is not None and w.scale == at.scale]
+        if terms:
+            return op, terms[0], at
+    return None
 
 
 def rescaled_sums(dist_prod: dict[int, Op], consumers: dict[int, list[Op]],
@@ -194,4 +236,4 @@ def own_loc(op: Op, consumers: dict[int, list[Op]], dist_prod: dict[int, Op]) ->
 
 
 __all__ = ["earliest_origin", "introduces_factor", "origin", "own_loc", "primitives",
-           "rescaled_sums", "scaled_operand"]
+           "rescaled_sums", "scaled_operand", "unscaled_sum"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dlverify.diagnosis_origin import earliest_origin
+from dlverify.diagnosis_origin import earliest_origin, rescaled_sums, unscaled_sum
 from dlverify.verdict import UNIT_SCALE, Failure, fmt_offsets, scale_value
 
 if TYPE_CHECKING:
@@ -81,13 +81,22 @@ def output_failures(j: Judge, failing: list) -> list[Failure]:
                            f"({j.view_text(v)})")
                 elif v.scale != UNIT_SCALE:
                     kind = "scale-mismatch"
+                    whole = [w for w in vs if w.partial is None]
                     found = earliest_origin(j.dist_prod, j.by_dist, j.seq_prod,
-                                            j._order, d, r,
-                                            [w for w in vs if w.partial is None])
+                                            j._order, d, r, whole)
                     entry = found[0] if found else None
                     msg = (f"{name} on rank {r} is {scale_value(v.scale)} times the sequential "
                            f"value: scale differs by {scale_value(v.scale)}"
                            + (f" (the factor enters at {j.op_desc(entry)})" if entry else ""))
+                    summed = None if entry or rescaled_sums(j.dist_prod, j._consumers, j.by_dist,
+                                                            d, r) \
+                        else unscaled_sum(j.dist_prod, j.by_dist, j.seq_prod, d, r, whole)
+                    if summed is not None:   # no op makes the factor: a sum never divided
+                        entry, terms, _ = summed
+                        msg += (f" ({j.op_desc(entry)} sums partial terms each "
+                                f"{scale_value(terms.scale)} times the sequential ones, and "
+                                f"nothing after it divides the sum: local means summed over "
+                                f"the ranks, a division missing?)")
                 else:
                     kind = "wrong-block"
                     msg = (f"{name} on rank {r} holds {fmt_offsets(v.offsets, shape)} of the "
