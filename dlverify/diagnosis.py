@@ -233,8 +233,9 @@ class Judge:
                               op.inputs[pos], ranks[0])
         if not found:
             return None
-        at, coll, summed, made = min(found, key=lambda f: (
-            "div" not in primitives(f[0].loc.op_name), self._order[f[0].id]))
+        best = min(found, key=lambda f: ("div" not in primitives(f.op.loc.op_name),
+                                         self._order[f.op.id]))
+        at, coll, summed, made = best.op, best.collective, best.summed, best.made
         msg = (f"{at.kind} turns the result of {self.op_desc(coll)}, {self.view_text(summed)} on "
                f"rank {ranks[0]}, into {self.view_text(made)}, still {scale_value(made.scale)} "
                f"times the sequential value; {self.op_desc(op)} reads operand {pos} as "
@@ -250,7 +251,7 @@ class Judge:
                              ranks[0], vs)
         if found is None:
             return None
-        coll, terms, made = found
+        coll, terms, made = found.collective, found.terms, found.made
         msg = (f"{coll.kind} sums partial terms each {scale_value(terms.scale)} times the "
                f"sequential ones into {self.view_text(made)} on rank {ranks[0]}, and nothing "
                f"after it divides the sum; {self.op_desc(op)} reads operand {pos} as "

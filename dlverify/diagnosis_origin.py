@@ -10,8 +10,31 @@ exponential) where the mismatch is finally seen.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from dlverify.ir import Op, SourceLoc
 from dlverify.verdict import UNIT_SCALE, ViewFact
+
+
+@dataclass(frozen=True)
+class RescaledSum:
+    """`op` (a product or division by a literal) turns the result of `collective`,
+    held as `summed`, into `made`: still a multiple of the sequential value."""
+
+    op: Op
+    collective: Op
+    summed: ViewFact
+    made: ViewFact
+
+
+@dataclass(frozen=True)
+class UnscaledSum:
+    """`collective` sums partial terms each held as `terms` (a multiple of the
+    sequential terms) into `made`, and nothing after it divides the sum."""
+
+    collective: Op
+    terms: ViewFact
+    made: ViewFact
 
 
 def origin(dist_prod: dict[int, Op], by_dist: dict[tuple[int, int], list[ViewFact]], d: int,
@@ -125,7 +148,7 @@ def introduces_factor(by_dist: dict[tuple[int, int], list[ViewFact]], op: Op, r:
 
 def unscaled_sum(dist_prod: dict[int, Op], by_dist: dict[tuple[int, int], list[ViewFact]],
                  seq_prod: dict[int, Op], d: int, r: int,
-                 vs: list[ViewFact]) -> tuple[Op, ViewFact, ViewFact] | None:
+                 vs: list[ViewFact]) -> UnscaledSum | None:
     """The collective completing partial sums whose terms already carry d's factor
     (local means summed over the ranks), reached back from d's views `vs` on rank r
     (walk): no op after the collective fixes the factor, so the division belongs
@@ -139,7 +162,7 @@ def unscaled_sum(dist_prod: dict[int, Op], by_dist: dict[tuple[int, int], list[V
     case), fixes the factor after the collective by the wrong amount, so it is not
     missing. A product of values with views may change it (g * g squares it; a
     literal both programs apply, grouped otherwise, moves it).
-    Returns the collective, a view of its operand's terms and of its result."""
+    Returns the collective with a view of its operand's terms and of its result."""
     def passes(op: Op, res: ViewFact, opnd: ViewFact) -> bool:
         if op.kind in ("all_reduce", "reduce_scatter"):
             return False
@@ -157,13 +180,13 @@ def unscaled_sum(dist_prod: dict[int, Op], by_dist: dict[tuple[int, int], list[V
         terms = [w for i in op.inputs for w in by_dist.get((i, r), [])
                  if w.partial is not None and w.scale == at.scale]
         if terms:
-            return op, terms[0], at
+            return UnscaledSum(op, terms[0], at)
     return None
 
 
 def rescaled_sums(dist_prod: dict[int, Op], consumers: dict[int, list[Op]],
                   by_dist: dict[tuple[int, int], list[ViewFact]], t: int,
-                  r: int) -> list[tuple[Op, Op, ViewFact, ViewFact]]:
+                  r: int) -> list[RescaledSum]:
     """The products and divisions by a literal that t is computed from, on rank r,
     each reading the result of a collective completing partial sums as c x a
     sequential value and making c' x the same value, c' not 1: the division that
@@ -171,7 +194,7 @@ def rescaled_sums(dist_prod: dict[int, Op], consumers: dict[int, list[Op]],
     wrong amount (XLA folds such divisions into the literals after the collective,
     a second division too). introduces_factor never names the collective itself:
     the factor is fixed after it, and these ops are where it is not. Returns
-    (op, the collective, the collective's view it reads, its result's view). The walk
+    each as a RescaledSum. The walk
     back from t follows values held scaled on rank r only (the factor travels there),
     so it stays in the scaled region, not the whole cone of each frontier op."""
     def scaled(x: int) -> bool:
@@ -196,7 +219,7 @@ def rescaled_sums(dist_prod: dict[int, Op], consumers: dict[int, list[Op]],
                     or (u.kind == "div" and u.inputs[0] != x) \
                     or by_dist.get((others[0], r)):   # the other operand: a literal
                 continue
-            found += [(u, made, w, v) for w in by_dist.get((x, r), [])
+            found += [RescaledSum(u, made, w, v) for w in by_dist.get((x, r), [])
                       for v in by_dist.get((u.output, r), [])
                       if w.partial is None and v.partial is None and v.seq == w.seq
                       and w.scale != UNIT_SCALE and v.scale not in (UNIT_SCALE, w.scale)]
@@ -235,5 +258,5 @@ def own_loc(op: Op, consumers: dict[int, list[Op]], dist_prod: dict[int, Op]) ->
     return named[0]
 
 
-__all__ = ["earliest_origin", "introduces_factor", "origin", "own_loc", "primitives",
+__all__ = ["RescaledSum", "UnscaledSum", "earliest_origin", "introduces_factor", "origin", "own_loc", "primitives",
            "rescaled_sums", "scaled_operand", "unscaled_sum"]

@@ -92,7 +92,7 @@ def output_failures(j: Judge, failing: list) -> list[Failure]:
                                                             d, r) \
                         else unscaled_sum(j.dist_prod, j.by_dist, j.seq_prod, d, r, whole)
                     if summed is not None:   # no op makes the factor: a sum never divided
-                        entry, terms, _ = summed
+                        entry, terms = summed.collective, summed.terms
                         msg += (f" ({j.op_desc(entry)} sums partial terms each "
                                 f"{scale_value(terms.scale)} times the sequential ones, and "
                                 f"nothing after it divides the sum: local means summed over "

@@ -106,7 +106,8 @@ def test_a_sum_divided_by_the_wrong_factor_is_reported_at_the_division(tmp_path)
 
 
 def test_a_missing_division_after_the_collective_names_no_division(tmp_path):
-    """No op rescales the sum: nothing to blame but where the factor is seen."""
+    """No op rescales the sum: the collective summing the local means is named, as
+    nothing after it divides (diagnosis_origin.unscaled_sum)."""
     def rms_missing(x):
         g = jax.lax.psum(jnp.mean(x, axis=0), "dp")  # BUG: the mean of the means needs / DP
         return jnp.sqrt(0.5 * g * g + 1.0)
@@ -114,6 +115,8 @@ def test_a_missing_division_after_the_collective_names_no_division(tmp_path):
     res, first = _located(tmp_path, rms_seq, _dp(rms_missing, (P("dp"),), P()), ROWS)
     assert not res.verified
     assert "turns the result of" not in first.message
+    assert "nothing after it divides" in first.message, first.message
+    assert bug_line(rms_missing) in _frames(first)
 
 
 def mean_seq(x):
