@@ -9,7 +9,8 @@ mutant is verified as an HLO pair with no spec.
     python bench/xla_examples.py --keep /tmp/pairs
     python bench/hlo_mutants.py /tmp/pairs --per-pair 12 --json
 
-A mutant that verifies is run on random inputs by the shared evaluator (the
+With `--side seq` the sequential module is mutated instead (the
+reference: the rewrites of the normal form run on both). A mutant that verifies is run on random inputs by the shared evaluator (the
 programs as read, before any rewrite) against the relations the verdict
 claims: if an output differs, the verdict is UNSOUND (exit 1). A mutant that
 verifies and computes what the original computed on every rank is an
@@ -238,14 +239,18 @@ def _claims_hold(seq: Path, mutant: Path, res) -> tuple[bool, str]:
     return True, ""
 
 
-def run_mutant(pair: str, seq: Path, dist_text: str, mut: Mutation, work: Path) -> Outcome:
-    lines = dist_text.splitlines()
+def run_mutant(pair: str, kept: Path, text: str, mut: Mutation, work: Path,
+               side: str = "dist") -> Outcome:
+    """Verify the pair with `side`'s module (whose text is `text`) mutated by `mut`
+    and the other module `kept` as it is."""
+    lines = text.splitlines()
     lines[mut.line - 1] = mut.text
-    path = work / f"{pair}.mut{mut.line}.{mut.kind}.hlo"
+    path = work / f"{pair}.{side}.mut{mut.line}.{mut.kind}.hlo"
     path.write_text("\n".join(lines) + "\n")
+    seq, dist = (kept, path) if side == "dist" else (path, kept)
     t0 = time.perf_counter()
     try:
-        res = verify_hlo(seq, path)
+        res = verify_hlo(seq, dist)
     except InputError as e:
         return Outcome(pair, mut.kind, mut.line, "rejected", str(e).splitlines()[0][:160],
                        time.perf_counter() - t0)
@@ -258,7 +263,7 @@ def run_mutant(pair: str, seq: Path, dist_text: str, mut: Mutation, work: Path) 
     if not res.verified:
         return Outcome(pair, mut.kind, mut.line, "not verified", "", seconds)
     try:
-        holds, why = _claims_hold(seq, path, res)
+        holds, why = _claims_hold(seq, dist, res)
     except NotExecutable as e:
         return Outcome(pair, mut.kind, mut.line, "skipped", f"not executable: {e}", seconds)
     if holds:
@@ -276,6 +281,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--per-pair", type=int, default=10, help="mutants sampled per pair")
     ap.add_argument("--only", help="pairs whose name contains this")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--side", choices=("dist", "seq"), default="dist",
+                    help="mutate the distributed module (default) or the sequential one")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     work = args.pairs / "mutants"
@@ -292,10 +299,11 @@ def main(argv: list[str]) -> int:
                 continue   # a false alarm already: its mutants say nothing
         except InputError:
             continue
-        text = dist.read_text()
+        mutated, kept = (dist, seq) if args.side == "dist" else (seq, dist)
+        text = mutated.read_text()
         muts = mutations(text)
         for mut in sorted(rng.sample(muts, min(args.per_pair, len(muts))), key=lambda m: m.line):
-            o = run_mutant(pair, seq, text, mut, work)
+            o = run_mutant(pair, kept, text, mut, work, args.side)
             outcomes.append(o)
             if not args.json:
                 print(f"{pair:44s} {o.kind:18s} line {o.line:4d} {o.result:20s} "

@@ -72,3 +72,13 @@ def test_a_mutant_is_verified_or_refused_never_crashes(tmp_path):
     assert outcomes
     assert not [o for o in outcomes if o.result in ("CRASH", "UNSOUND")], outcomes
     assert any(o.result == "not verified" for o in outcomes)
+
+
+def test_a_mutated_sequential_module_is_checked_the_same_way(tmp_path):
+    seq, dist = DATA / "jax_flatten_seq.hlo", DATA / "jax_flatten_dist.hlo"
+    text = seq.read_text()
+    outcomes = [mutants.run_mutant("flatten", dist, text, m, tmp_path, side="seq")
+                for m in mutants.mutations(text)]
+    assert outcomes
+    assert not [o for o in outcomes if o.result in ("CRASH", "UNSOUND")], outcomes
+    assert any(o.result == "not verified" for o in outcomes)
