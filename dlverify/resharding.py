@@ -212,11 +212,14 @@ def _run(tensors: dict, ops: list[Op], x: int, ranks: int) -> dict[int, list[np.
     return Interpreter(sub, ranks, lambda r, a: r).run([_tags(tensors[x].shape, ranks)])
 
 
-def _candidate(g: Graph, ids: IdAllocator, x: int, end: Op, groups: list[list[int]], ranks: int,
-               s: int, t: int) -> Graph:
+def _candidate(g: Graph, ids: IdAllocator, x: int, end: Op, a2a: Op, groups: list[list[int]],
+               ranks: int, s: int, t: int) -> Graph:
     """all_gather(x, s) sliced at q(rank) * size along t (then reshaped to the end's
     shape when it differs), in a scratch graph holding x, the region's end and the new
-    tensors only (not a copy of all of g's)."""
+    tensors only (not a copy of all of g's). The all-gather is the region's exchange:
+    it carries the all-to-all's source location, so a failure at it names the line
+    that wrote the exchange, not the layout op the region happens to end at (a user's
+    reshape after the all-to-all, in the partitioner's output)."""
     xt, ot = g.tensors[x], g.tensors[end.output]
     n = len(groups[0])
     scratch = Graph("candidate", tensors={x: xt, end.output: ot})
@@ -224,7 +227,7 @@ def _candidate(g: Graph, ids: IdAllocator, x: int, end: Op, groups: list[list[in
     gathered_shape = tuple(d * n if i == s else d for i, d in enumerate(xt.shape))
     sliced_shape = tuple(d // n if i == t else d for i, d in enumerate(gathered_shape))
     gathered = b.op("all_gather", [x], gathered_shape, xt.dtype,
-                    {"dimension": s, "groups": groups}, end.loc, f"{end.name}.gathered")
+                    {"dimension": s, "groups": groups}, a2a.loc, f"{end.name}.gathered")
     table = np.zeros(ranks, np.int32)
     for grp in groups:
         for q, r in enumerate(grp):
@@ -253,7 +256,8 @@ def _replacement(g: Graph, ids: IdAllocator, x: int, region: list[Op], ranks: in
     element count."""
     end = region[-1]
     xs, os_ = g.tensors[x].shape, g.tensors[end.output].shape
-    groups = next(op for op in region if op.kind == "all_to_all").params["groups"]
+    a2a = next(op for op in region if op.kind == "all_to_all")
+    groups = a2a.params["groups"]
     n = len(groups[0]) if groups else 0
     if n < 2 or any(len(grp) != n for grp in groups) \
             or sorted(r for grp in groups for r in grp) != list(range(ranks)) \
@@ -270,7 +274,7 @@ def _replacement(g: Graph, ids: IdAllocator, x: int, region: list[Op], ranks: in
     except NotExecutable:   # e.g. an exchange the evaluator refuses: nothing is rewritten
         return None
     for s, t in pairs:
-        scratch = _candidate(g, ids, x, end, groups, ranks, s, t)
+        scratch = _candidate(g, ids, x, end, a2a, groups, ranks, s, t)
         got = _run(scratch.tensors, scratch.ops, x, ranks)[end.output]
         if all(np.array_equal(a, b) for a, b in zip(got, want)):
             g.tensors.update(scratch.tensors)
