@@ -137,14 +137,19 @@ def _directions(m: re.Match, line: str) -> Iterator[str]:
 
 
 def _dimension_swaps(m: re.Match, line: str) -> Iterator[str]:
-    """Two entries of a `dimensions={...}` list swapped (a transpose, broadcast or
-    reduce over the wrong dims; shapes that no longer fit are rejected)."""
+    """Two entries of a `dimensions={...}` list swapped, or a one-dim list moved to a
+    neighbouring dim (a transpose, broadcast, gather, concatenation or reduction
+    over the wrong dims; shapes that no longer fit are rejected)."""
     d = re.search(r"dimensions=\{([0-9,]+)\}", line)
     if d and m["opcode"] != "dynamic-slice":
         dims = d[1].split(",")
         if len(dims) >= 2 and dims[0] != dims[1]:
             dims[0], dims[1] = dims[1], dims[0]
             yield line.replace(d[0], "dimensions={" + ",".join(dims) + "}", 1)
+        elif len(dims) == 1:   # a gather, concatenation or reduction along a neighbouring dim
+            for k in (int(dims[0]) - 1, int(dims[0]) + 1):
+                if k >= 0:
+                    yield line.replace(d[0], "dimensions={" + str(k) + "}", 1)
 
 
 def _dropped_collectives(m: re.Match, line: str) -> Iterator[str]:

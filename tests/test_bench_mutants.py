@@ -44,6 +44,8 @@ def test_each_mutation_kind_is_enumerated_at_its_line():
     assert ("slice", 10) in kinds                                       # [0:2] along dim 0
     assert {("groups", 11), ("dropped-all-reduce", 11)} <= kinds
     assert ("groups", 12) in kinds                                      # iota groups split
+    gathers = [m.text for m in mutants.mutations(MODULE) if (m.kind, m.line) == ("dimensions", 12)]
+    assert sorted("dimensions={0}" in t for t in gathers) == [False, True]   # {0} and {2}
     assert ("wrong-operand", 7) in kinds                                # %p for %q (same shape)
     at_11 = [m for m in mutants.mutations(MODULE) if m.line == 11]
     groups = [m.text for m in at_11 if m.kind == "groups"]
