@@ -326,6 +326,13 @@ def parse_literal(raw: str, shape: HloShape, ins: HloInstruction, file: str) -> 
         if len(vals) != count:
             raise InputError(f"constant {ins.name}: literal has {len(vals)} values but the shape "
                              f"{shape} holds {count}", file, ins.line)
+        if np.issubdtype(dt, np.integer):   # numpy would raise or wrap: the file is wrong
+            info = np.iinfo(dt)
+            bad = next((v for v in vals if isinstance(v, int) and not info.min <= v <= info.max),
+                       None)
+            if bad is not None:
+                raise InputError(f"constant {ins.name}: literal value {bad} is out of range for "
+                                 f"{shape.dtype} [{info.min}, {info.max}]", file, ins.line)
         arr = np.array(vals, dtype=dt)
     return arr.reshape(shape.dims)
 

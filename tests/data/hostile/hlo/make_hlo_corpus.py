@@ -87,6 +87,8 @@ CASES = [
             "operand rank"),
     HloCase("reshape_count.hlo", entry(P23, "@@  ROOT %r = f32[7]{0} reshape(%p)"), "changes the element count"),
     HloCase("bitcast_count.hlo", entry(P23, "@@  ROOT %r = f32[5]{0} bitcast(%p)"), "changes the element count"),
+    HloCase("literal_out_of_range.hlo", entry("@@  ROOT %c = s32[] constant(2147483648)"),
+            "out of range for int32", ("--ranks", "2")),
     HloCase("transpose_result.hlo", entry(P23, "@@  ROOT %t = f32[2,3]{1,0} transpose(%p), dimensions={1,0}"),
             "transpose of"),
     HloCase("transpose_not_permutation.hlo", entry(P23, "@@  ROOT %t = f32[3,2]{1,0} transpose(%p), dimensions={1,1}"),
