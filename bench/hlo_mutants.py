@@ -172,21 +172,18 @@ def _slice_shifts(m: re.Match, line: str) -> Iterator[str]:
             yield line.replace(spec[0], "slice={" + text + "}", 1)
 
 
-def _wrong_operands(m: re.Match, line: str, earlier: dict[str, list[str]]) -> Iterator[str]:
-    """An operand replaced by another value of the same shape defined before it."""
+def _wrong_operands(m: re.Match, line: str, earlier: dict[str, str]) -> Iterator[str]:
+    """An operand replaced by another value of the same shape defined before it
+    (`earlier`: name -> shape, in definition order)."""
     ops = _operands(m["args"])
     for i, op in enumerate(ops):
         name = op.split()[-1]
-        same = [o for o in earlier.get(_shape_of(earlier, name) or "", []) if o != name]
+        same = [o for o, shape in earlier.items() if shape == earlier.get(name) and o != name]
         if same:
             new = list(ops)
             new[i] = op.replace(name, same[-1])
             yield line.replace(f"({m['args']})", f"({', '.join(new)})", 1)
             return
-
-
-def _shape_of(earlier: dict[str, list[str]], name: str) -> str | None:
-    return next((s for s, names in earlier.items() if name in names), None)
 
 
 LINE_MUTATORS: dict[str, Callable[[re.Match, str], Iterator[str]]] = {
@@ -199,7 +196,7 @@ LINE_MUTATORS: dict[str, Callable[[re.Match, str], Iterator[str]]] = {
 def mutations(text: str) -> list[Mutation]:
     """Every mutation of the module, in file order."""
     out: list[Mutation] = []
-    earlier: dict[str, list[str]] = {}
+    earlier: dict[str, str] = {}
     for no, line in enumerate(text.splitlines(), 1):
         if line.rstrip().endswith("{") or line.strip() == "}":
             earlier = {}   # a new computation: its own names
@@ -211,7 +208,7 @@ def mutations(text: str) -> list[Mutation]:
             out.extend(Mutation(kind, no, new) for new in mutate(m, line) if new != line)
         out.extend(Mutation("wrong-operand", no, new) for new in _wrong_operands(m, line, earlier)
                    if new != line)
-        earlier.setdefault(m["shape"], []).append("%" + m["name"] if "%" in m["head"] else m["name"])
+        earlier["%" + m["name"] if "%" in m["head"] else m["name"]] = m["shape"]
     return out
 
 

@@ -142,9 +142,8 @@ class Judge:
         op with no view (among those frontier_failures kept: on the way to a failing
         output, on some rank that reaches it) that holds a block of something its
         source line does not compute in the sequential program."""
-        order = {op.id: i for i, op in enumerate(self.p.dist.ops)}
         frontier = [o for o, ranks in self.dist_frontier.items() if o in anc and ranks]
-        before = min(frontier, key=order.__getitem__) if frontier else None
+        before = min(frontier, key=self._order.__getitem__) if frontier else None
         found = counterpart_failure(self.p, self.views, anc, before, self.seq_desc, self.view_text)
         return [found] if found is not None else []
 
@@ -166,7 +165,6 @@ class Judge:
         """`dist_anc`: the distributed ops the failing outputs depend on."""
         p = self.p
         out: list[Failure] = []
-        order = {op.id: i for i, op in enumerate(p.dist.ops)}
         dist_ops = [o for o in self.dist_frontier if o in dist_anc]
         # ranks on which the op's result reaches a failing output
         reach = rank_ancestors(p.dist, p.mesh, [(f[3], r) for f in failing for r in f[5]])
@@ -177,7 +175,7 @@ class Judge:
         dist_ops = [o for o in dist_ops if self.dist_frontier[o]]
         reduced_later = self._reduced_downstream()
         live = self._live(failing)
-        for op_id in sorted(dist_ops, key=order.__getitem__):
+        for op_id in sorted(dist_ops, key=self._order.__getitem__):
             op = self.dist_ops[op_id]
             ranks = tuple(sorted(self.dist_frontier[op_id]))
             never = (self._unreduced_partial(op, ranks[0], reduced_later)
@@ -271,9 +269,8 @@ class Judge:
         related end to end while its middle, of another rank than the sequential
         value, has no view of its own; reporting the middle as the first failure
         would point away from where the relation really stops."""
-        consumers = self.p.dist.consumers()
         for o in dist_ops:
-            users = [u for u in consumers.get(self.dist_ops[o].output, []) if u.id in dist_anc]
+            users = [u for u in self._consumers.get(self.dist_ops[o].output, []) if u.id in dist_anc]
             if users:
                 self.dist_frontier[o] = [r for r in self.dist_frontier[o]
                                          if not all(self.by_dist.get((u.output, r)) for u in users)]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dlverify.ir import Graph, Op
+from dlverify.ir import Graph, Op, literal_value
 from dlverify.ops.dtypes import is_float_dtype
 
 # Ops that map finite real operands to a finite real (or an integer, a bool).
@@ -78,11 +78,6 @@ class FiniteValues:
 
     def splat_of(self, t: int, value: float) -> bool:
         """t repeats one literal equal to `value` (through broadcasts and reshapes)."""
-        op = self.producer.get(t)
-        while op is not None and op.kind in ("broadcast_in_dim", "reshape"):
-            op = self.producer.get(op.inputs[0])
-        if op is None or op.kind != "constant" or op.params.get("value") is None:
-            return False
-        v = np.asarray(op.params["value"], dtype=np.float64)
-        return bool(v.size) and bool(np.all(v == value))
+        v = literal_value(self.producer, t, ("broadcast_in_dim", "reshape"))
+        return v is not None and bool(v.size) and bool(np.all(v.astype(np.float64) == value))
 

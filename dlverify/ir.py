@@ -172,6 +172,19 @@ class Graph:
         return out
 
 
+def literal_value(producer: dict[int, Op], t: int,
+                  through: tuple[str, ...] = ()) -> np.ndarray | None:
+    """The value of the constant tensor t is, or that t repeats through ops of the
+    kinds `through` (broadcasts and reshapes: every element of t is one of the
+    constant's); None when t comes from no constant of known value."""
+    op = producer.get(t)
+    while op is not None and op.kind in through:
+        op = producer.get(op.inputs[0])
+    if op is None or op.kind != "constant" or op.params.get("value") is None:
+        return None
+    return np.asarray(op.params["value"])
+
+
 class IdAllocator:
     """Hands out the global integer ids of tensors and ops. Sequential and
     distributed graphs share one allocator so their ids never collide."""

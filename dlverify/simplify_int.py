@@ -58,7 +58,7 @@ from typing import Callable
 
 import numpy as np
 
-from dlverify.ir import Graph, IdAllocator, Mesh, Op
+from dlverify.ir import Graph, IdAllocator, Mesh, Op, literal_value
 from dlverify.ops.dtypes import exact_dtype
 from dlverify.passes import fold
 from dlverify.rewrites import _Rewriter
@@ -111,13 +111,9 @@ class _IntForms(_Rewriter):
     def int_literal(self, t: int) -> int | None:
         """The integer every element of t holds, when t is a literal (or a
         broadcast or reshape of one)."""
-        op = self.producer.get(t)
-        while op is not None and op.kind in ("broadcast_in_dim", "reshape"):
-            op = self.producer.get(op.inputs[0])
-        if op is None or op.kind != "constant" or op.params.get("value") is None:
-            return None
-        v = np.asarray(op.params["value"])
-        if v.size == 0 or not np.issubdtype(v.dtype, np.integer) or not (v == v.flat[0]).all():
+        v = literal_value(self.producer, t, ("broadcast_in_dim", "reshape"))
+        if v is None or v.size == 0 or not np.issubdtype(v.dtype, np.integer) \
+                or not (v == v.flat[0]).all():
             return None
         return int(v.flat[0])
 
@@ -277,10 +273,6 @@ class _IntForms(_Rewriter):
         self.new_op("reshape", [t], self.shape(op.output), dtype, {}, op, output=op.output)
         return True
 
-    # ------------------------------------------------------------------ all-reduce
-    def reshaped_all_reduce(self, op: Op) -> bool:
-        return reshaped_all_reduce(self, op)
-
     # ------------------------------------------------------------------ whole slices
     def whole_slice(self, op: Op) -> bool:
         """A slice from 0 to the end of every dim, stride 1, is its operand (the HLO
@@ -296,7 +288,7 @@ class _IntForms(_Rewriter):
     # ------------------------------------------------------------------ driver
     def apply(self, op: Op) -> bool:
         return (self.signed_pow2(op) or self.gather_along(op) or self.gather_take(op)
-                or self.reshaped_all_reduce(op) or self.whole_slice(op))
+                or reshaped_all_reduce(self, op) or self.whole_slice(op))
 
 
 class _KnownForms(_Rewriter):

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dlverify.ir import Op
+from dlverify.ir import Op, literal_value
 from dlverify.simplify_forms import _merge_groups, _unit_deletion
 
 if TYPE_CHECKING:
@@ -50,14 +50,6 @@ if TYPE_CHECKING:
 def merged_forms(s: "_Simplifier", op: Op) -> bool:
     """Whether one of this module's rules replaced `op` (in `s`'s pass)."""
     return dynamic_slice_of_reshape(s, op) or unit_dims_out_of_contraction(s, op)
-
-
-def _literal(s: "_Simplifier", t: int) -> np.ndarray | None:
-    """The value of tensor t when a constant with a known value produces it."""
-    op = s.producer.get(t)
-    if op is None or op.kind != "constant" or op.params.get("value") is None:
-        return None
-    return np.asarray(op.params["value"])
 
 
 def _new_constant(s: "_Simplifier", value: np.ndarray, dtype: str, like: Op) -> int:
@@ -86,7 +78,7 @@ def _scaled_start(s: "_Simplifier", t: int, num: int, den: int, like: Op) -> int
         return t
     if not np.issubdtype(np.dtype(dtype), np.integer):
         return None
-    value = _literal(s, t)
+    value = literal_value(s.producer, t)
     if value is not None:
         scaled = _exact_ratio(value, num, den, dtype)
         return None if scaled is None else _new_constant(s, scaled, dtype, like)
@@ -94,7 +86,7 @@ def _scaled_start(s: "_Simplifier", t: int, num: int, den: int, like: Op) -> int
     pick = None if r is None or r.kind != "reshape" else s.producer.get(r.inputs[0])
     if pick is None or pick.kind != "dynamic_slice" or s.shape(pick.output) != (1,):
         return None
-    table = _literal(s, pick.inputs[0])
+    table = literal_value(s.producer, pick.inputs[0])
     if table is None or table.ndim != 1:
         return None
     scaled = _exact_ratio(table, num, den, s.g.tensors[pick.inputs[0]].dtype)
