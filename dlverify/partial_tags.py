@@ -9,9 +9,10 @@ complete it. The families (datalog/partials.dl, datalog/update.dl):
   of the reduction or dot_general `op`;
 - FLAT_BASE + 32*i + j: dot_general `op` with two partially held contracted
   pairs, flattened row-major with pair i outer and pair j inner;
-- ADD_BASE + 32*a + b: add/sub `op` of two partial results, F(k) the sum (or
-  difference) of term k of its operand 0's producer (axis a) and of its
-  operand 1's producer (axis b), both with the same range size;
+- ADD_BASE + 32*a + b: add/sub `op` of two partial results, of n1 terms (its
+  operand 0's producer, axis a) and n2 terms (operand 1's, axis b); each family is
+  cut into m = gcd(n1, n2) blocks and F(k) is the sum (or difference) of their
+  blocks k (of the terms themselves when n1 = n2);
 - MASK_BASE + k: F(i) is `op`'s output masked to its index i along dim k
   (the terms a dynamic_update_slice into zeros writes);
 - MASK2_BASE + PAIR * k_out + k_in: F(i * n + j), n the output's size along k_in, is
@@ -40,6 +41,7 @@ complete it. The families (datalog/partials.dl, datalog/update.dl):
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from dlverify import schema as S
@@ -115,8 +117,10 @@ def full_size(seq: Graph, op_id: int, axis: int) -> int | None:
         return _input_dim(seq, op, 1, axis - WINDOW_BASE)
     if axis >= MASK_BASE:
         return _dim(seq, op.output, axis - MASK_BASE)
-    if axis >= ADD_BASE:
-        return _operand_family(seq, op, 0, (axis - ADD_BASE) // PAIR)
+    if axis >= ADD_BASE:   # blocks of two reductions' terms: gcd of their sizes
+        n1 = _operand_family(seq, op, 0, (axis - ADD_BASE) // PAIR)
+        n2 = _operand_family(seq, op, 1, (axis - ADD_BASE) % PAIR)
+        return None if n1 is None or n2 is None else math.gcd(n1, n2)
     if axis >= FLAT_BASE:
         i, j = divmod(axis - FLAT_BASE, PAIR)
         m, n = full_size(seq, op_id, i), full_size(seq, op_id, j)

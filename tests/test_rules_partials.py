@@ -57,19 +57,81 @@ def test_add_of_two_reductions_with_the_same_ranges_is_one_family_that_psum_comp
         assert vset(out, zs, sd, r) == {((0, 0), None, UNIT)}
 
 
-def test_add_of_two_reductions_with_other_ranges_or_sizes_has_no_view():
-    t = Tiny()
+def reductions_of_6_and_4_terms(t: Tiny) -> tuple[tuple[int, int], tuple[int, int]]:
+    """x @ a over 6 terms and w @ b over 4, both split over "x" (3 and 2 terms a rank)."""
     xs, xd = t.input((4, 6), (None, "x"))
     as_, ad = t.input((6, 5), ("x", None))
     ws, wd = t.input((4, 4), (None, "x"))
     bs, bd = t.input((4, 5), ("x", None))
-    y1s = t.sop("dot_general", [xs, as_], (4, 5), **DOT)
-    y1d = t.dop("dot_general", [xd, ad], (4, 5), **DOT)
-    y2s = t.sop("dot_general", [ws, bs], (4, 5), **DOT)   # 4 terms, not 6
-    y2d = t.dop("dot_general", [wd, bd], (4, 5), **DOT)
-    zs = t.sop("add", [y1s, y2s], (4, 5))
-    zd = t.dop("add", [y1d, y2d], (4, 5))
+    y1 = (t.sop("dot_general", [xs, as_], (4, 5), **DOT), t.dop("dot_general", [xd, ad], (4, 5), **DOT))
+    y2 = (t.sop("dot_general", [ws, bs], (4, 5), **DOT), t.dop("dot_general", [wd, bd], (4, 5), **DOT))
+    return y1, y2
+
+
+@pytest.mark.parametrize("kind", ["add", "sub"])
+def test_add_of_two_reductions_of_other_sizes_sums_blocks_of_gcd_many_terms_that_psum_completes(kind):
+    """6 and 4 terms: gcd 2 blocks, of 3 and of 2 terms; rank r holds block r of each
+    (Megatron's parallel residual: attention and MLP partials psum'ed together)."""
+    t = Tiny()
+    (y1s, y1d), (y2s, y2d) = reductions_of_6_and_4_terms(t)
+    zs = t.sop(kind, [y1s, y2s], (4, 5))
+    zd = t.dop(kind, [y1d, y2d], (4, 5))
+    op = last_seq_op(t)
+    sd = t.dop("all_reduce", [zd], (4, 5), reducer="sum", groups=[[0, 1]])
     out = t.run()
+    for r in range(2):
+        assert vset(out, zs, zd, r) == {((0, 0), Partial(0, op, ADD_BASE, r, r + 1), UNIT)}
+        assert vset(out, zs, sd, r) == {((0, 0), None, UNIT)}
+
+
+def test_add_of_two_reductions_whose_blocks_differ_has_no_view():
+    """The same sizes, but operand 1's terms moved to the other rank first (ppermute):
+    rank r holds block r of one family and block 1 - r of the other."""
+    t = Tiny()
+    (y1s, y1d), (y2s, y2d) = reductions_of_6_and_4_terms(t)
+    moved = t.dop("collective_permute", [y2d], (4, 5), pairs=[(0, 1), (1, 0)])
+    zs = t.sop("add", [y1s, y2s], (4, 5))
+    zd = t.dop("add", [y1d, moved], (4, 5))
+    sd = t.dop("all_reduce", [zd], (4, 5), reducer="sum", groups=[[0, 1]])
+    out = t.run()
+    assert out.views(zs, zd) == [] and out.views(zs, sd) == []
+
+
+def test_add_of_two_reductions_whose_ranges_cut_a_block_has_no_view():
+    """4 and 6 terms (gcd 2: blocks of 2 and 3) with the 4-term family split over
+    4 ranks as 1 term each: rank 0's term [0:1) is no whole block, so no view."""
+    t = Tiny(mesh=Mesh(("x",), (4,)))
+    xs, xd = t.input((3, 4), (None, "x"))
+    as_, ad = t.input((4, 5), ("x", None))
+    ws, wd = t.input((3, 8), (None, "x"))
+    bs, bd = t.input((8, 5), ("x", None))
+    y1s = t.sop("dot_general", [xs, as_], (3, 5), **DOT)
+    y1d = t.dop("dot_general", [xd, ad], (3, 5), **DOT)
+    y2s = t.sop("dot_general", [ws, bs], (3, 5), **DOT)   # 8 terms: gcd(4, 8) = 4, aligned
+    y2d = t.dop("dot_general", [wd, bd], (3, 5), **DOT)
+    zs = t.sop("add", [y1s, y2s], (3, 5))
+    zd = t.dop("add", [y1d, y2d], (3, 5))
+    op = last_seq_op(t)
+    out = t.run()
+    assert {v.partial for v in out.views(zs, zd)} == {
+        Partial(0, op, ADD_BASE, r, r + 1) for r in range(4)}
+    t = Tiny(mesh=Mesh(("x",), (4,)))
+    xs, xd = t.input((3, 4), (None, "x"))
+    as_, ad = t.input((4, 5), ("x", None))
+    ws, wd = t.input((3, 6), (None, None))   # 6 terms, held whole: [0:6) on every rank
+    bs, bd = t.input((6, 5), (None, None))
+    y1s = t.sop("dot_general", [xs, as_], (3, 5), **DOT)
+    y1d = t.dop("dot_general", [xd, ad], (3, 5), **DOT)
+    y2s = t.sop("dot_general", [ws, bs], (3, 5), **DOT)
+    y2op = last_seq_op(t)
+    zs = t.sop("add", [y1s, y2s], (3, 5))
+    # a distributed partial of y2 over terms [0:3) only, on every rank (a slice of the rows)
+    w3 = t.dop("slice", [wd], (3, 3), start_indices=(0, 0), limit_indices=(3, 3), strides=None)
+    b3 = t.dop("slice", [bd], (3, 5), start_indices=(0, 0), limit_indices=(3, 5), strides=None)
+    y2d = t.dop("dot_general", [w3, b3], (3, 5), **DOT)
+    zd = t.dop("add", [y1d, y2d], (3, 5))
+    out = t.run()
+    assert {v.partial for v in out.views(y2s, y2d)} == {Partial(0, y2op, 0, 0, 3)}
     assert out.views(zs, zd) == []
 
 
