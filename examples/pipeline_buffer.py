@@ -10,62 +10,38 @@ writes back what the slot already holds (where(stage == S - 1, state,
 outputs[i])), so its buffer stays zeros. One psum over 'pp' gives every rank
 the buffer.
 
-The schedule is written four ways: unrolled with `.at[i].set`, unrolled with
-`lax.dynamic_update_slice` at static offsets, as a `lax.fori_loop` whose step
-is the loop counter (micro-batches read with `lax.dynamic_index_in_dim`, the
-slot `t - (S - 1)` computed from the counter and written by
-`dynamic_update_slice`), and as a `lax.scan` over the steps writing with
-`.at[i].set` (a scatter at a traced slot). The loops are unrolled (their
+The schedule is written five ways: (1) unrolled with `.at[i].set`; (2) unrolled
+writing a slot at every step, `(t - (S - 1)) % M` as in the JAX tutorial, so that
+the warm-up's states land in slots the finished micro-batches overwrite later;
+(3) unrolled with `lax.dynamic_update_slice` at static offsets; (4) as a
+`lax.fori_loop` whose step is the loop counter (micro-batches read with
+`lax.dynamic_index_in_dim`, the slot `t - (S - 1)` computed from the counter and
+written by `dynamic_update_slice`); (5) as a `lax.scan` over the steps writing
+with `.at[i].set` (a scatter at a traced slot). The loops are unrolled (their
 counters then known on every step) before the rules run: the sequential program
 stacks its outputs, or (buffer_fori_loop_both) is a fori_loop of another length
 writing its own buffer, so no loop pairs for induction.
 
-dlverify folds the stage predicates per rank (datalog/select.dl); a
-dynamic_update_slice writing back the rows it read leaves its operand
-unchanged, and one writing rows next to those a buffer already holds of a
-sequential tensor (zero elsewhere) holds their union (datalog/update.dl);
+dlverify folds the stage predicates per rank (datalog/select.dl), so the other
+stages write back the zeros they read; on the last stage a dynamic_update_slice
+writing rows next to those a buffer of zeros already holds of a sequential tensor
+holds their union, and a buffer whose every slot was last written with its row of
+a sequential tensor is that tensor, whatever was written before (datalog/update.dl);
 the psum sums the last stage's buffer with zeros (datalog/holders.dl).
 
 Buggy twins: the slot is off by one; the psum is missing; the buffer is taken
 from stage 0.
+
+The layer, the sequential program, the arguments and the mesh are those of
+examples/pipeline_gpipe.py.
 """
-import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.sharding import PartitionSpec as P
+from pipeline_gpipe import BATCH, MICRO, NEXT, STAGES, WIDTH, _args, _dist, layer, pipeline_seq
 
 import dlverify
 
-STAGES, MICRO, BATCH, WIDTH = 4, 4, 2, 8
 STEPS = MICRO + STAGES - 1
-
-
-def _args():
-    f32 = jnp.float32
-    return (
-        jax.ShapeDtypeStruct((STAGES, WIDTH, WIDTH), f32),   # one layer's weight per stage
-        jax.ShapeDtypeStruct((MICRO, BATCH, WIDTH), f32),    # the micro-batches
-    )
-
-
-def _dist(local_fn):
-    mesh = dlverify.host_mesh((STAGES,), ("pp",))
-    return jax.jit(jax.shard_map(local_fn, mesh=mesh, in_specs=(P("pp"), P()), out_specs=P(),
-                                 check_vma=False))
-
-
-def layer(w, x):
-    return jnp.tanh(x @ w)
-
-
-def pipeline_seq(w, xs):
-    outs = []
-    for m in range(MICRO):
-        x = xs[m]
-        for s in range(STAGES):
-            x = layer(w[s], x)
-        outs.append(x)
-    return jnp.stack(outs)
 
 
 def pipeline_seq_loop(w, xs):
@@ -78,27 +54,41 @@ def pipeline_seq_loop(w, xs):
     return lax.fori_loop(0, MICRO, body, jnp.zeros((MICRO, BATCH, WIDTH), jnp.float32))
 
 
-NEXT = [(i, (i + 1) % STAGES) for i in range(STAGES)]
+def finished(t):
+    """The slot of the micro-batch the last stage finishes at step t (None: the warm-up)."""
+    return t - (STAGES - 1) if t >= STAGES - 1 else None
 
 
-def _step(w, xs, stage, t, state):
-    """One time step: stage 0 takes micro-batch t (unrolled: t is a Python int)."""
-    if t < MICRO:
-        state = jnp.where(stage == 0, xs[t], state)
-    return layer(w[0], state)
+def set_slot(outputs, i, stage, state):
+    """The last stage writes its state into slot i; the others write back what it holds."""
+    return outputs.at[i].set(jnp.where(stage == STAGES - 1, state, outputs[i]))
+
+
+def update_slot(outputs, i, stage, state):
+    """The last stage writes its state into slot i; the others write zeros."""
+    done = jnp.where(stage == STAGES - 1, state, 0.0)
+    return lax.dynamic_update_slice(outputs, done[None], (i, 0, 0))
+
+
+def unrolled(w, xs, slot, write):
+    """The schedule unrolled: at step t, stage 0 takes micro-batch t, every stage applies
+    its layer, the buffer's slot(t) is written (none when it is None), the states move on.
+    Returns each rank's buffer."""
+    stage = lax.axis_index("pp")
+    state = jnp.zeros((BATCH, WIDTH), jnp.float32)
+    outputs = jnp.zeros_like(xs)
+    for t in range(STEPS):
+        if t < MICRO:
+            state = jnp.where(stage == 0, xs[t], state)
+        state = layer(w[0], state)
+        if slot(t) is not None:
+            outputs = write(outputs, slot(t), stage, state)
+        state = lax.ppermute(state, "pp", NEXT)
+    return outputs
 
 
 def buffer_at_set(w, xs):
-    stage = lax.axis_index("pp")
-    state = jnp.zeros((BATCH, WIDTH), jnp.float32)
-    outputs = jnp.zeros((MICRO, BATCH, WIDTH), jnp.float32)
-    for t in range(STEPS):
-        state = _step(w, xs, stage, t, state)
-        if t >= STAGES - 1:
-            i = t - (STAGES - 1)
-            outputs = outputs.at[i].set(jnp.where(stage == STAGES - 1, state, outputs[i]))
-        state = lax.ppermute(state, "pp", NEXT)
-    return lax.psum(outputs, "pp")
+    return lax.psum(unrolled(w, xs, finished, set_slot), "pp")
 
 
 @dlverify.case
@@ -108,17 +98,21 @@ def buffer_unrolled_at_set():
         description="GPipe writing finished micro-batches into a buffer with .at[i].set, psum'ed")
 
 
+def buffer_modulo(w, xs):
+    # a slot at every step: during the warm-up, slots written again later
+    return lax.psum(unrolled(w, xs, lambda t: (t - (STAGES - 1)) % MICRO, set_slot), "pp")
+
+
+@dlverify.case
+def buffer_unrolled_modulo():
+    return dlverify.Case(
+        seq=pipeline_seq, dist=_dist(buffer_modulo), args=_args(), expect="verified",
+        description="GPipe writing a slot at every step, (t - S + 1) % M: the warm-up's states "
+                    "overwritten by the finished micro-batches")
+
+
 def buffer_dus(w, xs):
-    stage = lax.axis_index("pp")
-    state = jnp.zeros((BATCH, WIDTH), jnp.float32)
-    outputs = jnp.zeros((MICRO, BATCH, WIDTH), jnp.float32)
-    for t in range(STEPS):
-        state = _step(w, xs, stage, t, state)
-        if t >= STAGES - 1:
-            done = jnp.where(stage == STAGES - 1, state, 0.0)
-            outputs = lax.dynamic_update_slice(outputs, done[None], (t - (STAGES - 1), 0, 0))
-        state = lax.ppermute(state, "pp", NEXT)
-    return lax.psum(outputs, "pp")
+    return lax.psum(unrolled(w, xs, finished, update_slot), "pp")
 
 
 @dlverify.case
@@ -129,9 +123,12 @@ def buffer_unrolled_dus():
                     "dynamic_update_slice at static offsets, psum'ed")
 
 
-def _loop_body(w, xs, stage, slot_shift):
-    """The fori_loop body: the step is the loop counter t; the slot written is
-    t - (S - 1) + slot_shift (clamped to the buffer), by the last stage once t >= S - 1."""
+def fori(w, xs, slot_shift=0):
+    """The schedule as a fori_loop; the step is the loop counter t and the slot written
+    t - (S - 1) + slot_shift (clamped to the buffer), by the last stage once t >= S - 1.
+    Returns each rank's buffer."""
+    stage = lax.axis_index("pp")
+
     def body(t, carry):
         state, outputs = carry
         x_t = lax.dynamic_index_in_dim(xs, jnp.minimum(t, MICRO - 1), keepdims=False)
@@ -142,15 +139,13 @@ def _loop_body(w, xs, stage, slot_shift):
         slot = lax.dynamic_index_in_dim(outputs, i, keepdims=True)
         outputs = lax.dynamic_update_slice(outputs, jnp.where(done, state[None], slot), (i, 0, 0))
         return lax.ppermute(state, "pp", NEXT), outputs
-    return body
+
+    init = (jnp.zeros((BATCH, WIDTH), jnp.float32), jnp.zeros_like(xs))
+    return lax.fori_loop(0, STEPS, body, init)[1]
 
 
 def buffer_fori(w, xs):
-    stage = lax.axis_index("pp")
-    state = jnp.zeros((BATCH, WIDTH), jnp.float32)
-    outputs = jnp.zeros((MICRO, BATCH, WIDTH), jnp.float32)
-    _, outputs = lax.fori_loop(0, STEPS, _loop_body(w, xs, stage, 0), (state, outputs))
-    return lax.psum(outputs, "pp")
+    return lax.psum(fori(w, xs), "pp")
 
 
 @dlverify.case
@@ -194,16 +189,8 @@ def buffer_scan_at_set():
 # --------------------------------------------------------------- buggy twins
 
 def buffer_at_set_off_by_one(w, xs):
-    stage = lax.axis_index("pp")
-    state = jnp.zeros((BATCH, WIDTH), jnp.float32)
-    outputs = jnp.zeros((MICRO, BATCH, WIDTH), jnp.float32)
-    for t in range(STEPS):
-        state = _step(w, xs, stage, t, state)
-        if t >= STAGES - 1:
-            i = t - (STAGES - 1)
-            j = (i + 1) % MICRO
-            outputs = outputs.at[j].set(jnp.where(stage == STAGES - 1, state, outputs[j]))  # BUG: slot i + 1
-        state = lax.ppermute(state, "pp", NEXT)
+    one_past = lambda t: None if t < STAGES - 1 else (finished(t) + 1) % MICRO  # noqa: E731
+    outputs = unrolled(w, xs, one_past, set_slot)  # BUG: micro-batch i written into slot i + 1
     return lax.psum(outputs, "pp")
 
 
@@ -215,15 +202,7 @@ def buffer_bug_wrong_slot():
 
 
 def buffer_dus_no_psum(w, xs):
-    stage = lax.axis_index("pp")
-    state = jnp.zeros((BATCH, WIDTH), jnp.float32)
-    outputs = jnp.zeros((MICRO, BATCH, WIDTH), jnp.float32)
-    for t in range(STEPS):
-        state = _step(w, xs, stage, t, state)
-        if t >= STAGES - 1:
-            done = jnp.where(stage == STAGES - 1, state, 0.0)
-            outputs = lax.dynamic_update_slice(outputs, done[None], (t - (STAGES - 1), 0, 0))
-        state = lax.ppermute(state, "pp", NEXT)
+    outputs = unrolled(w, xs, finished, update_slot)
     return outputs.reshape(MICRO * BATCH, WIDTH)  # BUG: only the last stage holds the outputs; no psum
 
 
@@ -242,10 +221,7 @@ def buffer_bug_missing_psum():
 
 def buffer_fori_stage0(w, xs):
     stage = lax.axis_index("pp")
-    state = jnp.zeros((BATCH, WIDTH), jnp.float32)
-    outputs = jnp.zeros((MICRO, BATCH, WIDTH), jnp.float32)
-    _, outputs = lax.fori_loop(0, STEPS, _loop_body(w, xs, stage, 0), (state, outputs))
-    return lax.psum(jnp.where(stage == 0, outputs, 0.0), "pp")  # BUG: stage 0's buffer, not the last stage's
+    return lax.psum(jnp.where(stage == 0, fori(w, xs), 0.0), "pp")  # BUG: stage 0's buffer (zeros)
 
 
 @dlverify.case
