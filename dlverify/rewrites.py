@@ -227,6 +227,7 @@ def rewrite(problem: Problem) -> None:
     from dlverify.masked_gather import rewrite_masked_gathers   # imports this module
     from dlverify.passes import share_nullary
     from dlverify.rounded_reciprocal import match_rounded_reciprocals
+    from dlverify.sequence_permutation import permute_sequence
     from dlverify.resharding import rewrite_reshardings
     from dlverify.simplify import simplify_graph
     from dlverify.simplify_int import fold_int_expansions
@@ -242,6 +243,9 @@ def rewrite(problem: Problem) -> None:
             share_nullary(g)   # (equal literals of two fusions: one tensor, so their readers merge)
             if fold_constant_layouts(g) | bool(merge_common_values(g)):
                 _drop_newly_dead(g, before)
+    if permute_sequence(problem):   # before the gathers it writes are matched
+        _drop_newly_dead(problem.seq, unused[0])
+        _drop_newly_dead(problem.dist, unused[1])
     rewrite_masked_gathers(problem)
     if rewrite_reshardings(problem):
         _drop_newly_dead(problem.dist, unused[1])
