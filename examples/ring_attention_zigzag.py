@@ -18,13 +18,17 @@ order (dlverify/sequence_permutation.py), where each rank holds one block.
 
 Cases: the forward pass, unrolled and with steps 1..CP-1 as a `lax.fori_loop`, with
 either reorder; the backward pass by `jax.grad` (dQ, dK, dV of a loss over all
-tokens, the target reordered with q, k, v, the gradients put back in order).
+tokens, the target reordered with q, k, v, the gradients put back in order); and a
+training step (tokens and targets reordered, the loss and the gradients of the
+replicated q/k/v projections psum'd over 'cp': a sum over tokens needs no
+un-permute).
 
 Buggy twins: the inputs paired as chunks r and r+CP while the mask assumes the
 zigzag pairs; the mask on positions local to the rank (TransformerEngine PR #536's
 CP position bug class); the outputs left in the zigzag order (no un-permute) or put
-back by the zigzag order itself instead of its inverse; and the backward with the
-target (the labels) left in the natural order while q, k, v are reordered.
+back by the zigzag order itself instead of its inverse; the backward with the target
+(the labels) left in the natural order while q, k, v are reordered; and a training
+step whose targets are reordered by another layout than its tokens.
 """
 
 import jax
@@ -213,6 +217,49 @@ def ring_zigzag_grads():
         description="zigzag causal ring attention backward: dQ, dK, dV by jax.grad; CP=4")
 
 
+# --------------------------------------------------------------- training: the loss and the projections' gradients
+
+def _train_args():
+    f32 = jnp.float32
+    return (jax.ShapeDtypeStruct((SEQ, D), f32),) + (jax.ShapeDtypeStruct((D, D), f32),) * 3 + \
+        (jax.ShapeDtypeStruct((SEQ, D), f32),)   # x, wq, wk, wv, target
+
+
+def train_loss_seq(x, wq, wk, wv, t):
+    return jnp.sum((causal_seq(x @ wq, x @ wk, x @ wv) - t) ** 2) / SEQ
+
+
+def train_seq(x, wq, wk, wv, t):
+    return (train_loss_seq(x, wq, wk, wv, t),) + \
+        jax.grad(train_loss_seq, argnums=(1, 2, 3))(x, wq, wk, wv, t)
+
+
+def train_local(x, wq, wk, wv, t):
+    """A rank's part of the loss and its gradients, psum'd over 'cp': a sum over the
+    tokens does not care about their order, so nothing is put back in order."""
+    def local_loss(wq, wk, wv):
+        return jnp.sum((ring_zigzag(x @ wq, x @ wk, x @ wv) - t) ** 2) / SEQ
+    loss, grads = jax.value_and_grad(local_loss, argnums=(0, 1, 2))(wq, wk, wv)
+    return tuple(lax.psum(g, "cp") for g in (loss,) + grads)
+
+
+def zigzag_train(x, wq, wk, wv, t):
+    """The tokens and their targets reordered (MaxText reorders the batch), the
+    replicated weights' gradients summed over the ranks."""
+    x, t = reorder(x, ZIGZAG), reorder(t, ZIGZAG)
+    mesh = dlverify.host_mesh((CP,), ("cp",))
+    return jax.shard_map(train_local, mesh=mesh, in_specs=(P("cp"), P(), P(), P(), P("cp")),
+                         out_specs=(P(),) * 4, check_vma=False)(x, wq, wk, wv, t)
+
+
+@dlverify.case
+def ring_zigzag_train():
+    return dlverify.Case(
+        seq=train_seq, dist=jax.jit(zigzag_train), args=_train_args(), expect="verified",
+        description="zigzag ring attention training: the loss and the q/k/v projections' "
+                    "gradients, psum over 'cp'; CP=4")
+
+
 # --------------------------------------------------------------- buggy twins
 
 def zigzag_grads_target_unordered(q, k, v, t):
@@ -288,3 +335,17 @@ def ring_zigzag_bug_unpermute_not_inverse():
     return dlverify.Case(
         seq=causal_seq, dist=jax.jit(forward_unpermute), args=_args(), expect="bug",
         description="zigzag ring attention un-permuting its outputs by the zigzag order itself")
+
+
+def train_labels_other_order(x, wq, wk, wv, t):
+    x, t = reorder(x, ZIGZAG), reorder(t, PAIRED)  # BUG: the targets reordered unlike the tokens
+    mesh = dlverify.host_mesh((CP,), ("cp",))
+    return jax.shard_map(train_local, mesh=mesh, in_specs=(P("cp"), P(), P(), P(), P("cp")),
+                         out_specs=(P(),) * 4, check_vma=False)(x, wq, wk, wv, t)
+
+
+@dlverify.case
+def ring_zigzag_bug_train_targets_other_order():
+    return dlverify.Case(
+        seq=train_seq, dist=jax.jit(train_labels_other_order), args=_train_args(), expect="bug",
+        description="zigzag training whose targets are reordered by another layout than the tokens")

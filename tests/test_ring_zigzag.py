@@ -32,10 +32,11 @@ from dlverify.ir import Graph, GraphBuilder, IdAllocator, Op
 from dlverify.sequence_permutation import _inverse, _runs, input_chains, permute_sequence, take_ops
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ring_attention_zigzag.py"
-CASES = ["ring_zigzag_causal", "ring_zigzag_causal_sliced", "ring_zigzag_fori_loop", "ring_zigzag_grads"]
+CASES = ["ring_zigzag_causal", "ring_zigzag_causal_sliced", "ring_zigzag_fori_loop", "ring_zigzag_grads",
+         "ring_zigzag_train"]
 TWINS = ["ring_zigzag_bug_pairs_r_plus_cp", "ring_zigzag_bug_local_positions",
          "ring_zigzag_bug_missing_unpermute", "ring_zigzag_bug_unpermute_not_inverse",
-         "ring_zigzag_bug_target_not_reordered"]
+         "ring_zigzag_bug_target_not_reordered", "ring_zigzag_bug_train_targets_other_order"]
 
 
 def _example():
@@ -129,7 +130,12 @@ def test_the_gather_both_programs_compute_is_take_and_its_inverse_undoes_it():
 
 # ------------------------------------------------------------------ the rewrite keeps values
 
-REWRITTEN = CASES + [t for t in TWINS if t != "ring_zigzag_bug_target_not_reordered"]
+REFUSED = {   # twins whose inputs are not all reordered alike: no rewrite, and the note says why
+    "ring_zigzag_bug_target_not_reordered": "in3 dim 0 meets a reordered dim but the distributed "
+                                            "program does not reorder it",
+    "ring_zigzag_bug_train_targets_other_order": "in4 is reordered unlike an input whose dim meets",
+}
+REWRITTEN = CASES + [t for t in TWINS if t not in REFUSED]
 
 
 @pytest.mark.parametrize("name", REWRITTEN)
@@ -149,12 +155,13 @@ def test_the_rewrite_keeps_every_output_of_both_programs(name):
                     assert np.all(np.isfinite(y)) and value_error(y, x) <= 1e-9, (side, ta)
 
 
-def test_an_input_left_in_the_natural_order_stops_the_rewrite_and_says_so():
-    problem = _problem("ring_zigzag_bug_target_not_reordered")
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_inputs_not_reordered_alike_stop_the_rewrite_and_a_note_says_why(name):
+    problem = _problem(name)
     seq_ops = list(problem.seq.ops)
     assert not permute_sequence(problem)
     assert problem.seq.ops == seq_ops
-    assert any("in3 dim 0 meets a reordered dim" in n for n in problem.notes), problem.notes
+    assert any(REFUSED[name] in n for n in problem.notes), problem.notes
 
 
 def test_the_zigzag_order_is_read_from_the_distributed_program():
