@@ -458,12 +458,14 @@ def _rebuild(problem: Problem, chains: dict[int, Chain], permuted) -> bool:
                                 dict(op.params), op.loc, op.name)
     outputs = []
     dist_prod = dist.producer()
+    restored = False
     for i, o in enumerate(seq.outputs):
         t = env.get(o, o)
         for j in range(len(seq.tensors[o].shape)):
             pm = permuted(o, j)
             if pm is None:
                 continue
+            restored = True
             back = output_chain(dist, dist.outputs[i]) if i < len(dist.outputs) else None
             if back is not None and back.dim == j and back.perm == _inverse(pm):
                 t = b.gather(t, j, back.perm, back.ops[-1])
@@ -478,8 +480,9 @@ def _rebuild(problem: Problem, chains: dict[int, Chain], permuted) -> bool:
     names = dict(zip(seq.inputs, seq.input_names))
     problem.notes.append(
         _REWRITTEN + " reorders its inputs into (" + ", ".join(f"{names.get(s, s)} dim {ch.dim}"
-                                                 for s, ch in chains.items()) +
-        "), its outputs put back in the natural order (dlverify/sequence_permutation.py)")
+                                                 for s, ch in chains.items()) + ")" +
+        (", its outputs put back in the natural order" if restored else "") +
+        " (dlverify/sequence_permutation.py)")
     return True
 
 

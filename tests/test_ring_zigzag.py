@@ -211,6 +211,41 @@ def test_an_elementwise_program_reordered_and_restored_verifies():
     assert not wrong.verified
 
 
+COLS = [3, 0, 2, 1, 5, 4]
+MM_ARGS = (jax.ShapeDtypeStruct((4, 6), jnp.float32), jax.ShapeDtypeStruct((6, 3), jnp.float32))
+
+
+def _columns_reordered(local):
+    @jax.jit
+    def dist(x, w):
+        mesh = dlverify.host_mesh((2,), ("tp",))
+        x, w = jnp.take(x, jnp.asarray(COLS), axis=1), jnp.take(w, jnp.asarray(COLS), axis=0)
+        return jax.shard_map(local, mesh=mesh, in_specs=(P(None, "tp"), P("tp")), out_specs=P(),
+                             check_vma=False)(x, w)
+    return dist
+
+
+def test_a_contracted_dim_reordered_on_both_operands_needs_no_restoring():
+    """x's columns and w's rows reordered alike, then sharded: the product sums the
+    same terms in another order; nothing is put back."""
+    from dlverify.api import verify_jax
+    res = verify_jax(lambda x, w: jnp.tanh(x) @ w,
+                     _columns_reordered(lambda x, w: jax.lax.psum(jnp.tanh(x) @ w, "tp")),
+                     *MM_ARGS, engine="clingo")
+    assert res.verified, [(f.op, f.line, f.message) for f in res.failures[:2]]
+    assert any("(in0 dim 1, in1 dim 0) (dlverify" in n for n in res.notes), res.notes
+    _views_hold(res)
+
+
+def test_a_reshape_that_merges_a_reordered_dim_leaves_the_program_alone():
+    def seq(x, w):
+        return (jnp.tanh(x) @ w).sum() + x.reshape(-1)[:5].sum()
+    problem = import_jax(seq, _columns_reordered(
+        lambda x, w: jax.lax.psum((jnp.tanh(x) @ w).sum(), "tp")), MM_ARGS)
+    assert not permute_sequence(problem)
+    assert any("reshape" in n and "depends on the order" in n for n in problem.notes), problem.notes
+
+
 # ------------------------------------------------------------------ the example
 
 @pytest.mark.parametrize("name", CASES)
