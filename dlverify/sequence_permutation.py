@@ -13,7 +13,12 @@ into the same program on the permuted inputs, S' = pi^-1 . S~ . pi, where
   of constants: pure data movement, the permutation evaluated by the shared
   evaluator on two probes of distinct values); both programs then compute it by
   one gather of constant indices (the distributed ops replaced by the value they
-  were proved to compute), so that the rules meet the same op on both sides;
+  were proved to compute), so that the rules meet the same op on both sides. A
+  pick of rows that depends on the rank (Megatron's get_batch_on_this_cp_rank:
+  each rank takes its chunks of the replicated sequence) is read the same way,
+  evaluated on every rank: when rank r's rows are, for every r, the block at its
+  coordinate along a mesh axis of one permutation, the pick becomes that gather
+  and a dynamic_slice at coordinate * rows;
 * S~ is every op of S on permuted operands, with its output permuted along the
   dims that carry the permuted one (the dims linked to it through the ops: one
   class per permuted input dim, a union-find over (tensor, dim));
@@ -68,15 +73,20 @@ class Chain:
     dim: int
     perm: tuple[int, ...]
     ops: list[Op]
+    # (axis, rows): `out` is on each rank the block of `rows` rows at its coordinate
+    # along mesh axis `axis` (a per-rank pick of chunks, Megatron's
+    # get_batch_on_this_cp_rank), not the whole permuted tensor
+    block: tuple[str, int] | None = None
 
 
 # ---------------------------------------------------------------- reading a permutation
 
-def _input_free(g: Graph) -> set[int]:
-    """Tensors of g computed from no input and no rank coordinate."""
+def _input_free(g: Graph, rank: bool = False) -> set[int]:
+    """Tensors of g computed from no input (and, unless `rank`, no rank coordinate)."""
     free: set[int] = set()
+    sources = ("custom_call", "rng_bit_generator") + (() if rank else ("axis_index",))
     for op in g.ops:
-        if op.kind not in ("axis_index", "custom_call", "rng_bit_generator") and \
+        if op.kind not in sources and \
                 KINDS[op.kind].family is not Family.COLLECTIVE and all(i in free for i in op.inputs):
             if op.kind != "constant" or op.params.get("value") is not None:
                 free.add(op.output)
@@ -131,33 +141,82 @@ def _evaluate(g: Graph, src: int, out: int, ops: list[Op], probe: np.ndarray) ->
         return None
 
 
-def _as_permutation(shape: tuple[int, ...], dtype: str, ops_eval) -> tuple[int, tuple[int, ...]] | None:
-    """(dim, perm) when the evaluated movement is `take(x, perm, axis=dim)`, perm no
-    identity. Each element of a movement's result is a constant or x[i] for an i
-    fixed by input-free values; on two probes of distinct values that differ at
-    every position, an element equal to probe[j] in both is x[j] (a constant cannot
-    take both values)."""
+def _probes(shape: tuple[int, ...], dtype: str) -> list[np.ndarray] | None:
+    """Two probes of distinct values that differ at every position. Each element of
+    a movement's result is a constant or x[i] for an i fixed by input-free values;
+    an element equal to probe[j] on both is x[j] (a constant cannot take both values)."""
     size = int(np.prod(shape))
     exact = exact_dtype(dtype)
     if exact is not None and (np.dtype(exact).kind not in "iu" or np.iinfo(exact).max < 2 * size):
         return None
     first = np.arange(1, size + 1, dtype=np.int64 if exact is not None else np.float64).reshape(shape)
-    probes = [first, first + size]
-    results = [ops_eval(p) for p in probes]
-    if any(r is None or r.shape != tuple(shape) for r in results):
+    return [first, first + size]
+
+
+def _selection(probes: list[np.ndarray], results: list[np.ndarray | None],
+               dim: int) -> tuple[int, ...] | None:
+    """The rows sel of the probes along `dim` with result == take(probe, sel, axis=dim)
+    on both probes (the other dims equal), or None."""
+    shape = probes[0].shape
+    out = results[0].shape if results[0] is not None else None
+    if out is None or any(r is None or r.shape != out for r in results) or len(out) != len(shape) \
+            or any(a != b for j, (a, b) in enumerate(zip(out, shape)) if j != dim):
         return None
+    n, stride = shape[dim], int(np.prod(shape[dim + 1:]))
+    lead = np.asarray(np.moveaxis(results[0], dim, 0).reshape(out[dim], -1)[:, 0], np.float64)
+    if not np.all(np.isfinite(lead)) or np.any(lead != np.round(lead)) or np.any(lead < 1):
+        return None
+    sel = tuple(int((v - 1) // stride) % n for v in lead)
+    if all(np.array_equal(r, np.take(p, sel, axis=dim)) for r, p in zip(results, probes)):
+        return sel
+    return None
+
+
+def _as_permutation(shape: tuple[int, ...], dtype: str, ops_eval) -> tuple[int, tuple[int, ...]] | None:
+    """(dim, perm) when the evaluated movement is `take(x, perm, axis=dim)`, perm a
+    permutation and no identity."""
+    probes = _probes(shape, dtype)
+    if probes is None:
+        return None
+    results = [ops_eval(p) for p in probes]
     for dim, n in enumerate(shape):
-        if n < 2:
+        sel = _selection(probes, results, dim) if n > 1 else None
+        if sel is not None and sorted(sel) == list(range(n)) and sel != tuple(range(n)):
+            return dim, sel
+    return None
+
+
+def _rank_pick(problem: Problem, d: int, t: int, ops: list[Op]) -> tuple[int, tuple[int, ...], str, int] | None:
+    """(dim, perm, axis, rows) when tensor t is on every rank the block of `rows` rows
+    of take(d, perm, axis=dim) at the rank's coordinate along mesh `axis`, perm no
+    identity: evaluated on every rank at once."""
+    g, mesh = problem.dist, problem.mesh
+    shape, out = g.tensors[d].shape, g.tensors[t].shape
+    dims = [j for j in range(len(shape)) if len(out) == len(shape) and out[j] != shape[j]]
+    probes = _probes(shape, g.tensors[d].dtype)
+    if len(dims) != 1 or probes is None:
+        return None
+    dim = dims[0]
+    sub = Graph("probe", tensors=g.tensors, ops=ops, inputs=[d], outputs=[t])
+    try:
+        runs = [Interpreter(sub, mesh.size, lambda r, a: mesh.coords(r)[a]).run(
+            [[p] * mesh.size])[t] for p in probes]
+    except (NotExecutable, KeyError):
+        return None
+    sels = [_selection(probes, [run[r] for run in runs], dim) for r in range(mesh.size)]
+    if any(sel is None for sel in sels):
+        return None
+    for axis, n in zip(mesh.axis_names, mesh.axis_sizes):
+        if n * out[dim] != shape[dim]:
             continue
-        stride = int(np.prod(shape[dim + 1:]))
-        lead = np.asarray(np.moveaxis(results[0], dim, 0).reshape(n, -1)[:, 0], np.float64)
-        if not np.all(np.isfinite(lead)) or np.any(lead != np.round(lead)) or np.any(lead < 1):
-            continue
-        perm = tuple(int((v - 1) // stride) % n for v in lead)
-        if sorted(perm) != list(range(n)) or perm == tuple(range(n)):
-            continue
-        if all(np.array_equal(r, np.take(p, perm, axis=dim)) for r, p in zip(results, probes)):
-            return dim, perm
+        by_coord = {}
+        for r, sel in enumerate(sels):
+            by_coord.setdefault(mesh.coords(r)[axis], set()).add(sel)
+        if any(len(v) != 1 for v in by_coord.values()):
+            continue                      # the pick depends on another coordinate too
+        perm = tuple(i for c in range(n) for i in next(iter(by_coord[c])))
+        if sorted(perm) == list(range(shape[dim])) and perm != tuple(range(shape[dim])):
+            return dim, perm, axis, out[dim]
     return None
 
 
@@ -185,6 +244,21 @@ def input_chains(problem: Problem) -> dict[int, Chain]:
                                              lambda p: _evaluate(g, d, t, ops, p))
             if found:
                 out[s] = Chain(d, t, found[0], found[1], ops)
+                break
+    known = _input_free(g, rank=True)
+    rest = [(s, d) for s, d in pairs if s not in out]
+    root = _moved_from(g, {d for _, d in rest}, known)
+    picked: dict[int, dict[int, Op]] = {d: {} for _, d in rest}
+    for op in g.ops:
+        if op.output in root and root[op.output] != op.output:
+            picked[root[op.output]][op.output] = op
+    for s, d in rest:
+        for t in reversed(list(picked[d])):
+            ops = _slice_ops(g, d, t, picked[d])
+            found = ops and _rank_pick(problem, d, t, ops)
+            if found:
+                dim, perm, axis, rows = found
+                out[s] = Chain(d, t, dim, perm, ops, (axis, rows))
                 break
     return out
 
@@ -488,12 +562,27 @@ def _rebuild(problem: Problem, chains: dict[int, Chain], permuted) -> bool:
 
 def _canonical(g: Graph, chain: Chain, ids: IdAllocator) -> None:
     """The distributed chain's result computed by the one gather the sequential
-    program now has (the same value: the chain is that permutation), so that the
-    two sides hold the same op; the chain's other ops are left dead."""
+    program now has (the same value: the chain is that permutation; for a per-rank
+    pick, the rank's block of it, by a dynamic_slice at coordinate * rows), so that
+    the two sides hold the same op; the chain's other ops are left dead."""
     at = next(i for i, op in enumerate(g.ops) if op.output == chain.out)
+    like = g.ops[at]
     new: list[Op] = []
-    take_ops(GraphBuilder(Graph(g.name, tensors=g.tensors, ops=new), ids),
-             g.tensors[chain.src], chain.dim, chain.perm, g.ops[at], chain.out)
+    b = GraphBuilder(Graph(g.name, tensors=g.tensors, ops=new), ids)
+    x = g.tensors[chain.src]
+    if chain.block is None:
+        take_ops(b, x, chain.dim, chain.perm, like, chain.out)
+    else:
+        axis, rows = chain.block
+        whole = take_ops(b, x, chain.dim, chain.perm, like)
+        coord = b.op("axis_index", [], (), "int32", {"axis": axis}, like.loc, "axis_index")
+        step = b.constant(np.asarray(rows, np.int32), (), "int32", like.loc)
+        zero = b.constant(np.asarray(0, np.int32), (), "int32", like.loc)
+        start = b.op("mul", [coord, step], (), "int32", {}, like.loc, like.name)
+        starts = [start if j == chain.dim else zero for j in range(len(x.shape))]
+        out = g.tensors[chain.out]
+        b.op("dynamic_slice", [whole] + starts, out.shape, out.dtype,
+             {"slice_sizes": out.shape}, like.loc, like.name, chain.out)
     g.ops[at:at + 1] = new
 
 

@@ -17,7 +17,8 @@ natural order. dlverify rewrites the sequential program to compute in the zigzag
 order (dlverify/sequence_permutation.py), where each rank holds one block.
 
 Cases: the forward pass, unrolled and with steps 1..CP-1 as a `lax.fori_loop`, with
-either reorder; the backward pass by `jax.grad` (dQ, dK, dV of a loss over all
+either reorder, and with every rank given the whole sequence and picking its two
+chunks itself (Megatron-LM's `get_batch_on_this_cp_rank`); the backward pass by `jax.grad` (dQ, dK, dV of a loss over all
 tokens, the target reordered with q, k, v, the gradients put back in order); and a
 training step (tokens and targets reordered, the loss and the gradients of the
 replicated q/k/v projections psum'd over 'cp': a sum over tokens needs no
@@ -28,7 +29,8 @@ zigzag pairs; the mask on positions local to the rank (TransformerEngine PR #536
 CP position bug class); the outputs left in the zigzag order (no un-permute) or put
 back by the zigzag order itself instead of its inverse; the backward with the target
 (the labels) left in the natural order while q, k, v are reordered; and a training
-step whose targets are reordered by another layout than its tokens.
+step whose targets are reordered by another layout than its tokens; and a rank
+picking chunk 2*CP-r instead of its partner 2*CP-1-r.
 """
 
 import jax
@@ -179,6 +181,41 @@ def ring_zigzag_causal_sliced():
     return dlverify.Case(
         seq=causal_seq, dist=jax.jit(zigzag_attention_sliced), args=_args(), expect="verified",
         description="zigzag causal ring attention, reordered by slices and a concatenate; CP=4")
+
+
+# --------------------------------------------------------------- each rank picks its chunks (Megatron)
+
+def pick_chunks(x, idx):
+    """Chunks `idx` of the whole sequence x (dim 0), as Megatron-LM's
+    get_batch_on_this_cp_rank does on every CP rank."""
+    chunks = x.reshape(CHUNKS, CHUNK, *x.shape[1:])
+    return jnp.take(chunks, idx, axis=0).reshape(LOCAL, *x.shape[1:])
+
+
+def _replicated_in(local_fn):
+    mesh = dlverify.host_mesh((CP,), ("cp",))
+    return jax.shard_map(local_fn, mesh=mesh, in_specs=(P(),) * 3, out_specs=P("cp"),
+                         check_vma=False)
+
+
+def ring_zigzag_picked(q, k, v):
+    r = lax.axis_index("cp")
+    idx = jnp.stack([r, CHUNKS - 1 - r])
+    return ring_zigzag(*(pick_chunks(x, idx) for x in (q, k, v)))
+
+
+def zigzag_attention_picked(q, k, v):
+    """Every rank gets the whole sequence and picks its two chunks; the outputs,
+    gathered in rank order, are the zigzag order, put back after."""
+    return reorder(_replicated_in(ring_zigzag_picked)(q, k, v), UNZIGZAG)
+
+
+@dlverify.case
+def ring_zigzag_per_rank_pick():
+    return dlverify.Case(
+        seq=causal_seq, dist=jax.jit(zigzag_attention_picked), args=_args(), expect="verified",
+        description="zigzag causal ring attention, each rank picking its chunks r and 2*CP-1-r "
+                    "of the replicated sequence (Megatron's get_batch_on_this_cp_rank); CP=4")
 
 
 # --------------------------------------------------------------- training: dQ, dK, dV
@@ -349,3 +386,18 @@ def ring_zigzag_bug_train_targets_other_order():
     return dlverify.Case(
         seq=train_seq, dist=jax.jit(train_labels_other_order), args=_train_args(), expect="bug",
         description="zigzag training whose targets are reordered by another layout than the tokens")
+
+
+def pick_off_by_one(q, k, v):
+    def attend(q, k, v):
+        r = lax.axis_index("cp")
+        picked = [pick_chunks(x, jnp.stack([r, CHUNKS - r])) for x in (q, k, v)]  # BUG: chunk 2*CP-r, not 2*CP-1-r
+        return ring_zigzag(*picked)
+    return reorder(_replicated_in(attend)(q, k, v), UNZIGZAG)
+
+
+@dlverify.case
+def ring_zigzag_bug_pick_off_by_one():
+    return dlverify.Case(
+        seq=causal_seq, dist=jax.jit(pick_off_by_one), args=_args(), expect="bug",
+        description="each rank picks chunks r and 2*CP-r (one past its zigzag partner)")

@@ -33,10 +33,11 @@ from dlverify.sequence_permutation import _inverse, _runs, input_chains, permute
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ring_attention_zigzag.py"
 CASES = ["ring_zigzag_causal", "ring_zigzag_causal_sliced", "ring_zigzag_fori_loop", "ring_zigzag_grads",
-         "ring_zigzag_train"]
+         "ring_zigzag_train", "ring_zigzag_per_rank_pick"]
 TWINS = ["ring_zigzag_bug_pairs_r_plus_cp", "ring_zigzag_bug_local_positions",
          "ring_zigzag_bug_missing_unpermute", "ring_zigzag_bug_unpermute_not_inverse",
-         "ring_zigzag_bug_target_not_reordered", "ring_zigzag_bug_train_targets_other_order"]
+         "ring_zigzag_bug_target_not_reordered", "ring_zigzag_bug_train_targets_other_order",
+         "ring_zigzag_bug_pick_off_by_one"]
 
 
 def _example():
@@ -135,7 +136,8 @@ REFUSED = {   # twins whose inputs are not all reordered alike: no rewrite, and 
                                             "program does not reorder it",
     "ring_zigzag_bug_train_targets_other_order": "in4 is reordered unlike an input whose dim meets",
 }
-REWRITTEN = CASES + [t for t in TWINS if t not in REFUSED]
+NOT_READ = ["ring_zigzag_bug_pick_off_by_one"]   # rank 0 picks chunk 2*CP: no permutation
+REWRITTEN = CASES + [t for t in TWINS if t not in REFUSED and t not in NOT_READ]
 
 
 @pytest.mark.parametrize("name", REWRITTEN)
@@ -166,9 +168,16 @@ def test_inputs_not_reordered_alike_stop_the_rewrite_and_a_note_says_why(name):
 
 def test_the_zigzag_order_is_read_from_the_distributed_program():
     ex = _example()
-    chains = input_chains(_problem("ring_zigzag_causal"))
     want = tuple(c * ex.CHUNK + i for c in ex.ZIGZAG for i in range(ex.CHUNK))
-    assert [(ch.dim, ch.perm) for ch in chains.values()] == [(0, want)] * 3
+    chains = input_chains(_problem("ring_zigzag_causal"))
+    assert [(ch.dim, ch.perm, ch.block) for ch in chains.values()] == [(0, want, None)] * 3
+    picked = input_chains(_problem("ring_zigzag_per_rank_pick"))   # each rank its block of it
+    assert [(ch.dim, ch.perm, ch.block) for ch in picked.values()] == [(0, want, ("cp", ex.LOCAL))] * 3
+
+
+@pytest.mark.parametrize("name", NOT_READ)
+def test_a_pick_that_is_no_permutation_is_not_read(name):
+    assert not input_chains(_problem(name))
 
 
 N, ROWS = 4, 8
