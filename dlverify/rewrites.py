@@ -24,6 +24,16 @@ pieces of a value that one side builds whole:
 
       slice(concat(a, b, c; k), [off_b : off_c) in k) = b
 
+* all-gather of concatenate: an all-gather along dim a of a concatenate along
+  another dim k is the concatenate along k of the pieces' all-gathers along a
+  (each member's pieces land at the same offsets of a either way):
+
+      all_gather(concat(a, b; k); a) = concat(all_gather(a; a), all_gather(b; a); k)
+
+  XLA's partitioner concatenates a fused QKV cotangent's local pieces, then
+  gathers it (FSDP); the dot through concatenate above then meets the
+  sequential product's pieces.
+
 Ops that a rewrite leaves without consumers (the replaced concatenate, a
 product whose slices now read the pieces) are removed; ops that had no
 consumers before are kept as they were.
@@ -134,11 +144,31 @@ class _Rewriter:
                         output=op.output)
         return True
 
+    # ------------------------------------------------------------ all_gather
+    def all_gather(self, op: Op) -> bool:
+        cat = self.producer.get(op.inputs[0])
+        if cat is None or cat.kind != "concatenate" or len(cat.inputs) < 2:
+            return False
+        k, a = cat.params["dimension"], op.params["dimension"]
+        if k == a:   # gathering along the concatenated dim interleaves the pieces
+            return False
+        dtype = self.g.tensors[op.output].dtype
+        n = self.shape(op.output)[a] // self.shape(cat.output)[a] if self.shape(cat.output)[a] else 0
+        if n == 0:
+            return False
+        pieces = [self.new_op("all_gather", [t], tuple(s * n if d == a else s
+                                                       for d, s in enumerate(self.shape(t))),
+                              dtype, op.params, op) for t in cat.inputs]
+        self.new_op("concatenate", pieces, self.shape(op.output), dtype, cat.params, cat,
+                    output=op.output)
+        return True
+
     # ------------------------------------------------------------------ driver
     def apply(self, op: Op) -> bool:
         """Replace `op` by what a rule rewrites it into (True), or leave it (False)."""
         return (op.kind == "dot_general" and len(op.inputs) == 2 and self.dot(op)) or \
-            (op.kind == "slice" and self.slice(op))
+            (op.kind == "slice" and self.slice(op)) or \
+            (op.kind == "all_gather" and len(op.inputs) == 1 and self.all_gather(op))
 
     def run(self) -> bool:
         g = self.g

@@ -123,16 +123,22 @@ class _SinkRules(_Rewriter):
         """all_gather(reshape(y)) along a dim k that leads its reshape group is
         reshape(all_gather(y)) along the group's leading dim of y: a rank's block
         of k is a whole block of the group's rows in row-major order, the one
-        gathering y's leading dim makes."""
+        gathering y's leading dim makes. Size-1 dims lead nothing: k may follow
+        size-1 dims of its group, and y is gathered along its group's first dim
+        of another size (a reshape inserting a size-1 dim before the gathered one,
+        as XLA's [b, s, f] -> [b, s, 1, f] of a fused gate/up cotangent)."""
         found = self._reshaped(op.inputs[0]) if op.kind == "all_gather" else None
         if found is None:
             return False
         r, y, src, mid, groups = found
         k = op.params["dimension"]
-        group = next((gs for gs, gt in groups if gt and gt[0] == k), None)
+        group = next((gs for gs, gt in groups
+                      if k in gt and all(mid[d] == 1 for d in gt[:gt.index(k)])), None)
         if not group or mid[k] == 0:
             return False
-        a = group[0]
+        a = next((d for d in group if src[d] != 1), None)
+        if a is None:
+            return False
         n = self.shape(op.output)[k] // mid[k]
         dtype = self.g.tensors[op.output].dtype
         q = dict(op.params)

@@ -2,8 +2,7 @@
 import pytest
 
 from conftest import representative_targets
-from dlverify.api import DEFAULT_WINDOW, verify_problem
-from dlverify.frontends.jaxpr import import_jax
+from dlverify.api import DEFAULT_WINDOW, jax_problem, verify_problem
 from dlverify.segments import needs_segments
 
 # The tiny-window comparison runs on a correct case and a buggy twin of every
@@ -19,9 +18,9 @@ TARGETS = [(p, n) for p, n in representative_targets()
 @pytest.mark.parametrize("path,name", TARGETS, ids=[n for _, n in TARGETS])
 def test_tiny_windows_match_one_fixpoint(path, name, example_runs):
     c = example_runs.case(path, name)
-    problem = import_jax(c.seq, c.dist, c.args, name)
+    problem, _ = jax_problem(c.seq, c.dist, *c.args, name=name)   # shard_map or jit (compiled)
     if needs_segments(problem, DEFAULT_WINDOW):
-        whole = verify_problem(import_jax(c.seq, c.dist, c.args, name), engine="clingo",
+        whole = verify_problem(jax_problem(c.seq, c.dist, *c.args, name=name)[0], engine="clingo",
                                window=10**6)
     else:  # the session's run of this case was already one fixpoint
         whole = example_runs.run(path, name).result
@@ -51,7 +50,7 @@ def test_layers_are_segments_and_repeat_without_a_retry(dtype, train):
 
     cfg = llama3.SMALL._replace(layers=6, dtype=dtype)
     c = llama3.make_case(2, sp=True, train=train, cfg=cfg)
-    res = verify_problem(import_jax(c.seq, c.dist, c.args, "llama6"), engine="clingo")
+    res = verify_problem(jax_problem(c.seq, c.dist, *c.args, name="llama6")[0], engine="clingo")
     assert res.verified, res.failures[:2]
     assert not any("one fixpoint" in n for n in res.notes)
     plan = res.segment_plan
