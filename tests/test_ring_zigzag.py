@@ -1,6 +1,6 @@
 """Zigzag (load-balanced) ring attention: the sequential program rewritten into the
-order the distributed program permutes its inputs into (dlverify/sequence_permutation.py),
-and examples/ring_attention_zigzag.py.
+order the distributed program permutes its inputs into (dlverify/sequence_permutation.py,
+the reorders read by dlverify/reorders.py), and examples/ring_attention_zigzag.py.
 
 Soundness: each op the rewrite carries over a permuted dim is checked, by the shared
 evaluator, to commute with the permutation (the theorem the rewrite applies); the
@@ -25,11 +25,12 @@ from jax.sharding import PartitionSpec as P
 
 import dlverify
 from dlverify.frontends.jaxpr import import_jax
-from dlverify.numeric import run_both, value_error
-from dlverify.ops import evaluate
 from dlverify.interpret import Interpreter
 from dlverify.ir import Graph, GraphBuilder, IdAllocator, Op
-from dlverify.sequence_permutation import _inverse, _runs, input_chains, permute_sequence, take_ops
+from dlverify.numeric import run_both, value_error
+from dlverify.ops import evaluate
+from dlverify.reorders import input_chains, inverse, take_ops
+from dlverify.sequence_permutation import _runs, permute_sequence
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ring_attention_zigzag.py"
 CASES = ["ring_zigzag_causal", "ring_zigzag_causal_sliced", "ring_zigzag_fori_loop", "ring_zigzag_grads",
@@ -112,7 +113,7 @@ def test_a_permutation_is_the_concatenate_of_its_runs_and_the_inverse_undoes_it(
 
     assert _runs(PERM) == [(0, 2), (6, 8), (2, 6)]
     assert np.array_equal(permuted(x, PERM), np.take(x, PERM, axis=0))
-    assert np.array_equal(permuted(permuted(x, PERM), _inverse(PERM)), x)
+    assert np.array_equal(permuted(permuted(x, PERM), inverse(PERM)), x)
 
 
 def test_the_gather_both_programs_compute_is_take_and_its_inverse_undoes_it():
@@ -123,7 +124,7 @@ def test_the_gather_both_programs_compute_is_take_and_its_inverse_undoes_it():
     src = b.tensor(x.shape, "float64")
     g.inputs.append(src)
     once = take_ops(b, g.tensors[src], 1, PERM, Op(0, "constant", [], 0))
-    back = take_ops(b, g.tensors[once], 1, _inverse(PERM), Op(0, "constant", [], 0))
+    back = take_ops(b, g.tensors[once], 1, inverse(PERM), Op(0, "constant", [], 0))
     vals = Interpreter(g).run([[x]])
     assert np.array_equal(vals[once][0], np.take(x, PERM, axis=1))
     assert np.array_equal(vals[back][0], x)
