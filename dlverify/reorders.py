@@ -49,7 +49,7 @@ class Chain:
     block: tuple[str, int] | None = None
 
 
-def _input_free(g: Graph, rank: bool = False) -> set[int]:
+def input_free(g: Graph, rank: bool = False) -> set[int]:
     """Tensors of g computed from no input (and, unless `rank`, no rank coordinate)."""
     free: set[int] = set()
     sources = ("custom_call", "rng_bit_generator") + (() if rank else ("axis_index",))
@@ -199,7 +199,7 @@ def input_chains(problem: Problem) -> dict[int, Chain]:
     out: dict[int, Chain] = {}
     for rank in (False, True):      # input-free movement first, then rank-dependent picks
         rest = [(s, d) for s, d in pairs if s not in out]
-        root = _moved_from(g, {d for _, d in rest}, _input_free(g, rank))
+        root = _moved_from(g, {d for _, d in rest}, input_free(g, rank))
         moved: dict[int, dict[int, Op]] = {d: {} for _, d in rest}
         for op in g.ops:
             if op.output in root and root[op.output] != op.output:
@@ -237,7 +237,7 @@ def output_chain(g: Graph, out: int) -> Chain | None:
     """The distributed program's permutation of one dim just before output `out`:
     the earliest tensor of out's shape among out's data-movement ancestors (the
     gathered sequence) whose movement into out is such a permutation."""
-    free, producer = _input_free(g), g.producer()
+    free, producer = input_free(g), g.producer()
     region, stack = [], [out]
     while stack and len(region) < 256:
         t = stack.pop()

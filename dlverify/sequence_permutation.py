@@ -30,7 +30,8 @@ it; a dot_general contracting two linked dims sums the same products in another
 order (sum_k a[p(k)] b[p(k)] = sum_k a[k] b[k]), its free and batch dims move; a
 sum, max, min, product, and or xor over a linked dim is order-free. A source that
 varies along a linked dim (an iota: the positions of a causal mask; a constant
-array) is permuted explicitly (slices of its runs, concatenated). Any other op on a
+array; an input-free value another op makes, such as a linspace's concatenate) is
+permuted explicitly (slices of its runs, concatenated). Any other op on a
 linked dim (a slice, a cumsum, an argmax, a gather, a reshape that merges the dim
 ...) leaves the program as it is: the rewrite is all or nothing.
 """
@@ -42,7 +43,7 @@ from dlverify.ir import Graph, GraphBuilder, IdAllocator, Op
 from dlverify.layout_algebra import reshape_chain
 from dlverify.ops import KINDS, Family
 from dlverify.problem import Problem
-from dlverify.reorders import Chain, canonical, input_chains, inverse, output_chain, take_ops
+from dlverify.reorders import Chain, canonical, input_chains, input_free, inverse, output_chain, take_ops
 
 # reductions whose value does not depend on the order of the reduced elements
 _ORDER_FREE = {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and",
@@ -77,11 +78,22 @@ class _Dims:
                 self.blocked.setdefault((t, j), op)
 
 
-def _link_op(u: _Dims, g: Graph, op: Op) -> None:
+def _is_source(op: Op, free: set[int]) -> bool:
+    """An op whose value is permuted explicitly where a permuted dim needs it: an
+    iota, a constant, or an input-free value made by an op other than an
+    elementwise one, a broadcast or a transpose (a linspace's concatenate); the
+    ops before it keep their order."""
+    return op.kind in ("iota", "constant") or op.output in free and not (
+        KINDS[op.kind].family is Family.ELEMENTWISE or op.kind in ("broadcast_in_dim", "transpose"))
+
+
+def _link_op(u: _Dims, g: Graph, op: Op, free: set[int]) -> None:
     """Tie the dims `op` moves position for position; block the ones it mixes."""
     shape = lambda t: g.tensors[t].shape   # noqa: E731
     out, oshape, p = op.output, shape(op.output), op.params
     family = KINDS[op.kind].family
+    if _is_source(op, free):
+        return            # permuted explicitly where a permuted dim needs it
     if family is Family.ELEMENTWISE:
         for t in op.inputs:
             if shape(t) == oshape:
@@ -131,8 +143,6 @@ def _link_op(u: _Dims, g: Graph, op: Op) -> None:
                 if i not in skip:
                     u.link((t, i), (out, j))
                     j += 1
-    elif op.kind in ("iota", "constant"):
-        pass            # a source: permuted explicitly when it varies along a permuted dim
     else:
         for t in op.inputs:
             u.block(op, t, shape(t))
@@ -199,9 +209,9 @@ def permute_sequence(problem: Problem) -> bool:
     chains = input_chains(problem)
     if not chains:
         return False
-    u = _Dims()
+    u, free = _Dims(), input_free(seq)
     for op in seq.ops:
-        _link_op(u, seq, op)
+        _link_op(u, seq, op, free)
     names = dict(zip(seq.inputs, seq.input_names))
     perm_of: dict[tuple[int, int], tuple[int, ...]] = {}
     for s, ch in chains.items():
@@ -224,7 +234,7 @@ def permute_sequence(problem: Problem) -> bool:
                 any(permuted(op.output, j) for j in range(len(seq.tensors[op.output].shape))):
             return _refuse(problem, chains, f"the constant at {op.loc.file}:{op.loc.line}, "
                                             f"along a reordered dim, has no known value")
-    return _rebuild(problem, chains, permuted)
+    return _rebuild(problem, chains, permuted, free)
 
 
 def _refuse(problem: Problem, chains: dict[int, Chain], why: str) -> bool:
@@ -236,7 +246,7 @@ def _refuse(problem: Problem, chains: dict[int, Chain], why: str) -> bool:
     return False
 
 
-def _rebuild(problem: Problem, chains: dict[int, Chain], permuted) -> bool:
+def _rebuild(problem: Problem, chains: dict[int, Chain], permuted, free: set[int]) -> bool:
     seq, dist = problem.seq, problem.dist
     b = _Builder(seq, problem.ids)
     env: dict[int, int] = {}
@@ -247,21 +257,22 @@ def _rebuild(problem: Problem, chains: dict[int, Chain], permuted) -> bool:
         shape = seq.tensors[op.output].shape
         dims = [(j, permuted(op.output, j)) for j in range(len(shape))]
         dims = [(j, pm) for j, pm in dims if pm is not None]
-        inputs = [env.get(i, i) for i in op.inputs]
+        if op.output in free:             # its own value stays, in the natural order
+            b.ops.append(op)
         if not dims:                      # its value is unchanged: the op reads the new operands
-            op.inputs = inputs
-            b.ops.append(op)
+            if op.output not in free:
+                op.inputs = [env.get(i, i) for i in op.inputs]
+                b.ops.append(op)
             continue
-        if op.kind in ("iota", "constant"):
-            b.ops.append(op)
+        if _is_source(op, free):
             t = op.output
             for j, pm in dims:
                 if _varies_along(op, j):
                     t = b.permute(t, j, pm, op)
             env[op.output] = t
             continue
-        env[op.output] = b.b.op(op.kind, inputs, shape, seq.tensors[op.output].dtype,
-                                dict(op.params), op.loc, op.name)
+        env[op.output] = b.b.op(op.kind, [env.get(i, i) for i in op.inputs], shape,
+                                seq.tensors[op.output].dtype, dict(op.params), op.loc, op.name)
     outputs = []
     dist_prod = dist.producer()
     restored = False
@@ -293,9 +304,12 @@ def _rebuild(problem: Problem, chains: dict[int, Chain], permuted) -> bool:
 
 
 def _varies_along(op: Op, j: int) -> bool:
-    """Whether source op's value (an iota, a known constant) may differ along dim j."""
+    """Whether source op's value (an iota, a known constant, another input-free
+    value) may differ along dim j."""
     if op.kind == "iota":
         return op.params["dimension"] == j
+    if op.kind != "constant":
+        return True
     value = np.asarray(op.params["value"])
     return value.ndim > j and value.shape[j] > 1 and bool(np.any(np.diff(value, axis=j) != 0))
 

@@ -273,3 +273,55 @@ def test_zigzag_twins_are_located_at_their_bug_line(name, example_runs):
     lines = {fr.line for fr in res.failures[0].frames if fr.file == str(EXAMPLE)}
     assert bug_line(run.case.dist) in lines, [(f.op, f.line, f.message) for f in res.failures[:3]]
     _views_hold(res)
+
+
+# ------------------------------------------------------------------ more sequential programs, rewritten or left alone
+
+SQ = 8
+REORDER = [5, 2, 7, 0, 3, 6, 1, 4]
+PAIR_ARGS = (jax.ShapeDtypeStruct((SQ, 3), jnp.float32), jax.ShapeDtypeStruct((SQ, 3), jnp.float32))
+
+
+def _mask_pos(x, y):
+    pos = jnp.arange(SQ)
+    s = jnp.where(pos[:, None] >= pos[None, :], x @ y.T, -1e9)
+    return jax.nn.softmax(s, axis=-1) @ y
+
+
+PROGRAMS = {   # name: (sequential program, whether the rewrite applies)
+    "softmax attention with a position mask": (_mask_pos, True),
+    "mean over the sequence": (lambda x, y: (x * y).mean(0), True),
+    "transposed product": (lambda x, y: (x.T @ jnp.tanh(y)).T, True),
+    "max and min rows": (lambda x, y: jnp.maximum(x, y).max(1) - jnp.minimum(x, y).min(0).sum(), True),
+    "constant table along the sequence": (lambda x, y: x * jnp.linspace(0.0, 1.0, SQ)[:, None] + y, True),
+    "cumsum along the sequence": (lambda x, y: jnp.cumsum(x + y, axis=0), False),
+    "argmax over the sequence": (lambda x, y: jnp.argmax(x * y, axis=0), False),
+    "a slice of the sequence": (lambda x, y: x[1:] + y[:-1], False),
+    "a sort along the sequence": (lambda x, y: jnp.sort(x + y, axis=0), False),
+}
+
+
+def _reordered_pair(seq_fn):
+    """Both inputs reordered alike, then the program run whole on every rank (only
+    the sequential rewrite is under test here, not a verdict)."""
+    @jax.jit
+    def dist(x, y):
+        mesh = dlverify.host_mesh((2,), ("x",))
+        order = jnp.asarray(REORDER)
+        x, y = jnp.take(x, order, axis=0), jnp.take(y, order, axis=0)
+        return jax.shard_map(seq_fn, mesh=mesh, in_specs=(P(), P()), out_specs=P(),
+                             check_vma=False)(x, y)
+    return dist
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_the_rewrite_applies_exactly_when_every_op_commutes_and_keeps_the_values(name):
+    seq_fn, applies = PROGRAMS[name]
+    problem = import_jax(seq_fn, _reordered_pair(seq_fn), PAIR_ARGS)
+    before = copy.deepcopy(problem)
+    assert permute_sequence(problem) is applies
+    for seed in (0, 1):
+        a, b = run_both(before, seed), run_both(problem, seed)
+        for ta, tb in zip(before.seq.outputs, problem.seq.outputs):
+            x, y = np.asarray(a.seq[ta][0], np.float64), np.asarray(b.seq[tb][0], np.float64)
+            assert value_error(y, x) <= 1e-9, name
