@@ -124,6 +124,15 @@ def _link_op(u: _Dims, g: Graph, op: Op, free: set[int]) -> None:
             else:
                 u.block(op, op.inputs[0], src, big_i)
                 u.block(op, out, oshape, big_j)
+    elif op.kind in ("slice", "rev", "pad", "concatenate"):
+        # data movement along some dims copies the others whole, index for index
+        for j in _untouched(op, shape(op.inputs[0]), oshape):
+            for t in op.inputs[:1] if op.kind == "pad" else op.inputs:
+                u.link((t, j), (out, j))
+        moved = [j for j in range(len(oshape)) if j not in _untouched(op, shape(op.inputs[0]), oshape)]
+        for t in op.inputs[:1] if op.kind == "pad" else op.inputs:
+            u.block(op, t, shape(t), moved)
+        u.block(op, out, oshape, moved)
     elif op.kind in _ORDER_FREE and len(op.inputs) == 1:
         kept = [i for i in range(len(shape(op.inputs[0]))) if i not in p["axes"]]
         for j, i in enumerate(kept):
@@ -147,6 +156,20 @@ def _link_op(u: _Dims, g: Graph, op: Op, free: set[int]) -> None:
         for t in op.inputs:
             u.block(op, t, shape(t))
         u.block(op, out, oshape)
+
+
+def _untouched(op: Op, src: tuple[int, ...], out: tuple[int, ...]) -> list[int]:
+    """The dims a slice, rev, pad or concatenate copies whole and in order."""
+    p = op.params
+    if op.kind == "slice":
+        strides = p.get("strides") or (1,) * len(src)
+        return [j for j in range(len(src)) if p["start_indices"][j] == 0
+                and p["limit_indices"][j] == src[j] and strides[j] == 1]
+    if op.kind == "rev":
+        return [j for j in range(len(src)) if j not in p["dimensions"]]
+    if op.kind == "pad":
+        return [j for j, c in enumerate(p["padding_config"]) if tuple(c) == (0, 0, 0)]
+    return [j for j in range(len(out)) if j != p["dimension"]]
 
 
 def _runs(perm: tuple[int, ...]) -> list[tuple[int, int]]:

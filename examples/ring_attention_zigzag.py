@@ -18,7 +18,8 @@ order (dlverify/sequence_permutation.py), where each rank holds one block.
 
 Cases: the forward pass, unrolled and with steps 1..CP-1 as a `lax.fori_loop`, with
 either reorder, and with every rank given the whole sequence and picking its two
-chunks itself (Megatron-LM's `get_batch_on_this_cp_rank`); the backward pass by `jax.grad` (dQ, dK, dV of a loss over all
+chunks itself (Megatron-LM's `get_batch_on_this_cp_rank`); with rotary embeddings
+of q and k at the zigzag positions; the backward pass by `jax.grad` (dQ, dK, dV of a loss over all
 tokens, the target reordered with q, k, v, the gradients put back in order); and a
 training step (tokens and targets reordered, the loss and the gradients of the
 replicated q/k/v projections psum'd over 'cp': a sum over tokens needs no
@@ -27,7 +28,8 @@ un-permute).
 Buggy twins: the inputs paired as chunks r and r+CP while the mask assumes the
 zigzag pairs; the mask on positions local to the rank (TransformerEngine PR #536's
 CP position bug class); the outputs left in the zigzag order (no un-permute) or put
-back by the zigzag order itself instead of its inverse; the backward with the target
+back by the zigzag order itself instead of its inverse; rotary embeddings at
+contiguous positions r*S/CP + i instead of the zigzag chunks' (the mask right); the backward with the target
 (the labels) left in the natural order while q, k, v are reordered; and a training
 step whose targets are reordered by another layout than its tokens; and a rank
 picking chunk 2*CP-r instead of its partner 2*CP-1-r.
@@ -161,6 +163,41 @@ def ring_zigzag_fori_loop():
     return dlverify.Case(
         seq=causal_seq, dist=jax.jit(zigzag_attention_loop), args=_args(), expect="verified",
         description="zigzag causal ring attention, steps 1..CP-1 as a lax.fori_loop; CP=4")
+
+
+# --------------------------------------------------------------- rotary embeddings on the zigzag positions
+
+def rope(x, pos):
+    """Rotary position embedding (the rotate-half form) at positions `pos`."""
+    half = D // 2
+    ang = pos[:, None].astype(jnp.float32) * (1.0 / 10000.0 ** (jnp.arange(half) / half))[None, :]
+    cos, sin = jnp.cos(ang), jnp.sin(ang)
+    x1, x2 = x[:, :half], x[:, half:]
+    return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+
+
+def rope_causal_seq(q, k, v):
+    pos = jnp.arange(SEQ)
+    return causal_seq(rope(q, pos), rope(k, pos), v)
+
+
+def ring_zigzag_rope(q, k, v):
+    """q and k rotated at this rank's zigzag positions before the ring (k travels
+    rotated, as in Llama with context parallelism)."""
+    pos = zigzag_positions(lax.axis_index("cp"))
+    return ring_zigzag(rope(q, pos), rope(k, pos), v)
+
+
+def zigzag_attention_rope(q, k, v):
+    q, k, v = (reorder(x, ZIGZAG) for x in (q, k, v))
+    return reorder(_sharded(ring_zigzag_rope)(q, k, v), UNZIGZAG)
+
+
+@dlverify.case
+def ring_zigzag_rotary():
+    return dlverify.Case(
+        seq=rope_causal_seq, dist=jax.jit(zigzag_attention_rope), args=_args(), expect="verified",
+        description="zigzag causal ring attention with rotary embeddings at the zigzag positions; CP=4")
 
 
 # --------------------------------------------------------------- the reorder as slices and a concatenate
@@ -401,3 +438,19 @@ def ring_zigzag_bug_pick_off_by_one():
     return dlverify.Case(
         seq=causal_seq, dist=jax.jit(pick_off_by_one), args=_args(), expect="bug",
         description="each rank picks chunks r and 2*CP-r (one past its zigzag partner)")
+
+
+def rope_contiguous_positions(q, k, v):
+    def attend(q, k, v):
+        q, k = (rope(x, lax.axis_index("cp") * LOCAL + jnp.arange(LOCAL)) for x in (q, k))  # BUG: contiguous positions
+        return ring_zigzag(q, k, v)
+    q, k, v = (reorder(x, ZIGZAG) for x in (q, k, v))
+    return reorder(_sharded(attend)(q, k, v), UNZIGZAG)
+
+
+@dlverify.case
+def ring_zigzag_bug_rotary_contiguous_positions():
+    return dlverify.Case(
+        seq=rope_causal_seq, dist=jax.jit(rope_contiguous_positions), args=_args(), expect="bug",
+        description="zigzag ring attention rotating q and k at contiguous positions r*S/CP + i "
+                    "instead of the positions of the rank's zigzag chunks")

@@ -34,11 +34,11 @@ from dlverify.sequence_permutation import _runs, permute_sequence
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ring_attention_zigzag.py"
 CASES = ["ring_zigzag_causal", "ring_zigzag_causal_sliced", "ring_zigzag_fori_loop", "ring_zigzag_grads",
-         "ring_zigzag_train", "ring_zigzag_per_rank_pick"]
+         "ring_zigzag_train", "ring_zigzag_per_rank_pick", "ring_zigzag_rotary"]
 TWINS = ["ring_zigzag_bug_pairs_r_plus_cp", "ring_zigzag_bug_local_positions",
          "ring_zigzag_bug_missing_unpermute", "ring_zigzag_bug_unpermute_not_inverse",
          "ring_zigzag_bug_target_not_reordered", "ring_zigzag_bug_train_targets_other_order",
-         "ring_zigzag_bug_pick_off_by_one"]
+         "ring_zigzag_bug_pick_off_by_one", "ring_zigzag_bug_rotary_contiguous_positions"]
 
 
 def _example():
@@ -297,6 +297,9 @@ PROGRAMS = {   # name: (sequential program, whether the rewrite applies)
     "cumsum along the sequence": (lambda x, y: jnp.cumsum(x + y, axis=0), False),
     "argmax over the sequence": (lambda x, y: jnp.argmax(x * y, axis=0), False),
     "a slice of the sequence": (lambda x, y: x[1:] + y[:-1], False),
+    "halves of the features swapped": (lambda x, y: jnp.concatenate([x[:, 1:], -y[:, :1]], 1), True),
+    "features reversed and padded": (lambda x, y: jnp.pad(x[:, ::-1], ((0, 0), (1, 0))) * 2.0, True),
+    "the sequence padded": (lambda x, y: jnp.pad(x + y, ((1, 0), (0, 0))), False),
     "a sort along the sequence": (lambda x, y: jnp.sort(x + y, axis=0), False),
 }
 
