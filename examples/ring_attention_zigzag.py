@@ -32,7 +32,7 @@ back by the zigzag order itself instead of its inverse; rotary embeddings at
 contiguous positions r*S/CP + i instead of the zigzag chunks' (the mask right); the backward with the target
 (the labels) left in the natural order while q, k, v are reordered; and a training
 step whose targets are reordered by another layout than its tokens; and a rank
-picking chunk 2*CP-r instead of its partner 2*CP-1-r.
+picking chunk 2*CP-2-r instead of its partner 2*CP-1-r.
 """
 
 import jax
@@ -428,7 +428,7 @@ def ring_zigzag_bug_train_targets_other_order():
 def pick_off_by_one(q, k, v):
     def attend(q, k, v):
         r = lax.axis_index("cp")
-        picked = [pick_chunks(x, jnp.stack([r, CHUNKS - r])) for x in (q, k, v)]  # BUG: chunk 2*CP-r, not 2*CP-1-r
+        picked = [pick_chunks(x, jnp.stack([r, CHUNKS - 2 - r])) for x in (q, k, v)]  # BUG: chunk 2*CP-2-r, not 2*CP-1-r
         return ring_zigzag(*picked)
     return reorder(_replicated_in(attend)(q, k, v), UNZIGZAG)
 
@@ -437,7 +437,8 @@ def pick_off_by_one(q, k, v):
 def ring_zigzag_bug_pick_off_by_one():
     return dlverify.Case(
         seq=causal_seq, dist=jax.jit(pick_off_by_one), args=_args(), expect="bug",
-        description="each rank picks chunks r and 2*CP-r (one past its zigzag partner)")
+        description="each rank picks chunks r and 2*CP-2-r (one before its zigzag partner: the "
+                    "last rank picks chunk CP-1 twice, chunk 2*CP-1 nobody)")
 
 
 def rope_contiguous_positions(q, k, v):

@@ -137,7 +137,7 @@ REFUSED = {   # twins whose inputs are not all reordered alike: no rewrite, and 
                                             "program does not reorder it",
     "ring_zigzag_bug_train_targets_other_order": "in4 is reordered unlike an input whose dim meets",
 }
-NOT_READ = ["ring_zigzag_bug_pick_off_by_one"]   # rank 0 picks chunk 2*CP: no permutation
+NOT_READ = ["ring_zigzag_bug_pick_off_by_one"]   # chunk CP-1 picked twice: no permutation
 REWRITTEN = CASES + [t for t in TWINS if t not in REFUSED and t not in NOT_READ]
 
 
