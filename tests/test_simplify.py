@@ -654,6 +654,11 @@ def _ranks_agree(before, g, in_shapes, ranks=2):
     ((2, 3, 4), (2, 12), 1, ["all_gather", "reshape"]),      # a merged run gathered
     ((2, 12), (2, 3, 4), 1, ["all_gather", "reshape"]),      # the leading dim of a split
     ((3, 4, 2), (2, 4, 3), 2, ["all_gather", "transpose"]),  # a transpose (perm below)
+    # size-1 dims lead nothing: gathered after them, along y's first dim of another size
+    ((2, 8, 3), (2, 8, 1, 3), 3, ["all_gather", "reshape"]),  # XLA's [b, s, 1, f] cotangent
+    ((4, 1, 3), (4, 3), 1, ["all_gather", "reshape"]),        # y's group starts with a 1
+    ((4, 1, 3), (4, 1, 1, 3), 3, ["all_gather", "reshape"]),
+    ((2, 6), (2, 1, 6), 1, ["all_gather", "reshape"]),        # the size-1 dim itself gathered
 ])
 def test_a_gather_of_a_reshape_or_transpose_is_the_reshape_or_transpose_of_a_gather(
         src, to, dim, kinds):
