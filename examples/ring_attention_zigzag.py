@@ -123,16 +123,18 @@ def _sharded(local_fn):
                          check_vma=False)
 
 
-def zigzag_attention(q, k, v):
-    """Reorder, attend on the shards, restore the natural order."""
-    q, k, v = (reorder(x, ZIGZAG) for x in (q, k, v))
-    return reorder(_sharded(ring_zigzag)(q, k, v), UNZIGZAG)
+def zigzag(local_fn):
+    """The distributed program: reorder, attend on the shards, restore the natural order."""
+    def zigzag_attention(q, k, v):
+        q, k, v = (reorder(x, ZIGZAG) for x in (q, k, v))
+        return reorder(_sharded(local_fn)(q, k, v), UNZIGZAG)
+    return jax.jit(zigzag_attention)
 
 
 @dlverify.case
 def ring_zigzag_causal():
     return dlverify.Case(
-        seq=causal_seq, dist=jax.jit(zigzag_attention), args=_args(), expect="verified",
+        seq=causal_seq, dist=zigzag(ring_zigzag), args=_args(), expect="verified",
         description="zigzag (load-balanced) causal ring attention, reordered by jnp.take; CP=4")
 
 
@@ -153,15 +155,10 @@ def ring_zigzag_loop(q, k, v):
     return o / l
 
 
-def zigzag_attention_loop(q, k, v):
-    q, k, v = (reorder(x, ZIGZAG) for x in (q, k, v))
-    return reorder(_sharded(ring_zigzag_loop)(q, k, v), UNZIGZAG)
-
-
 @dlverify.case
 def ring_zigzag_fori_loop():
     return dlverify.Case(
-        seq=causal_seq, dist=jax.jit(zigzag_attention_loop), args=_args(), expect="verified",
+        seq=causal_seq, dist=zigzag(ring_zigzag_loop), args=_args(), expect="verified",
         description="zigzag causal ring attention, steps 1..CP-1 as a lax.fori_loop; CP=4")
 
 
@@ -188,15 +185,10 @@ def ring_zigzag_rope(q, k, v):
     return ring_zigzag(rope(q, pos), rope(k, pos), v)
 
 
-def zigzag_attention_rope(q, k, v):
-    q, k, v = (reorder(x, ZIGZAG) for x in (q, k, v))
-    return reorder(_sharded(ring_zigzag_rope)(q, k, v), UNZIGZAG)
-
-
 @dlverify.case
 def ring_zigzag_rotary():
     return dlverify.Case(
-        seq=rope_causal_seq, dist=jax.jit(zigzag_attention_rope), args=_args(), expect="verified",
+        seq=rope_causal_seq, dist=zigzag(ring_zigzag_rope), args=_args(), expect="verified",
         description="zigzag causal ring attention with rotary embeddings at the zigzag positions; CP=4")
 
 
