@@ -24,6 +24,16 @@ mask's predicate) wherever a row is kept, and a row is kept exactly where
 base + c_r lies in [0, n). Then the in-bounds gathers of both graphs are
 rewritten too, so that both sides meet as contractions. Two gather forms: a
 `take` along one dim (no batching dims) and `take_along_axis`.
+
+XLA's SPMD partitioner writes the same lookup over a table whose indexed dim a
+`jax.jit` shards as `clamp(0, ids', V - 1)` (ids' the ids with the index vector dim
+appended), rows kept where the clamped id lies in the rank's range, gathered at
+clamp - first_r. Before the analysis, such a clamp of a reshape that only inserts
+size-1 dims is taken as the reshape of the clamp (elementwise ops commute with
+layouts), so that its base has the ids' dims. Its sequential lookup reads the ids
+unclamped: a take gathers at indices clamped into the table (XLA's gather
+semantics, and the shared evaluator's), so `take(x, reshape(ids))` is
+`take(x, reshape(clamp(0, ids, n - 1)))`, in bounds: rewritten alike.
 """
 from __future__ import annotations
 
@@ -396,6 +406,26 @@ class _Graph:
         self.g.tensors[t] = Tensor(t, src.shape, src.dtype, src.name)
         return t
 
+    def clamped_index(self, rg: RowGather) -> tuple[Affine, tuple[int, ...]] | None:
+        """A take's index reshape(y) (y with the size-1 index vector dim appended) as
+        clamp(0, y, n - 1), queued: the gather clamps its start indices into the table
+        (a row gather: slice size 1 along the dim), so both read the same rows."""
+        r = self.producer.get(rg.op.inputs[1])
+        if r is None or r.kind != "reshape":
+            return None
+        y, idx = r.inputs[0], rg.op.inputs[1]
+        dims = self.facts.moved_dims(r, tuple(range(len(self.shape(y)))), self.shape(y), self.shape(idx))
+        dtype = self.g.tensors[y].dtype
+        if dims is None or len(self.shape(idx)) - 1 in dims or exact_dtype(dtype) is None:
+            return None
+        n = self.shape(rg.operand)[rg.dim]
+        lo, hi = (self.new("broadcast_in_dim", [self.new("constant", [], (), dtype,
+                                                           {"value": np.asarray(v, dtype)}, rg.op)],
+                           self.shape(y), dtype, {"broadcast_dimensions": ()}, rg.op)
+                  for v in (0, n - 1))
+        base = self.new("clamp", [lo, y, hi], self.shape(y), dtype, {}, rg.op)
+        return Affine(base, dims, (0,) * self.facts.ranks), dims
+
     def _gather_at(self, t: int) -> RowGather | None:
         op = self.producer.get(t)
         return _row_gather(self.g, op) if op is not None and op.kind == "gather" else None
@@ -418,6 +448,45 @@ def _splice(g: Graph, before: dict[int, list[Op]], replaced: set[int]) -> None:
     _drop_newly_dead(g, unused_before)
 
 
+def _splat_scalar(g: Graph, producer: dict[int, Op], t: int) -> int | None:
+    """The rank-0 tensor that t broadcasts (t a broadcast_in_dim of one element)."""
+    op = producer.get(t)
+    if op is None or op.kind != "broadcast_in_dim" or int(np.prod(g.tensors[op.inputs[0]].shape)) != 1:
+        return None
+    return op.inputs[0]
+
+
+def _clamps_before_unit_reshapes(g: Graph, ids: IdAllocator) -> bool:
+    """clamp(lo, reshape(y), hi), the reshape only inserting size-1 dims and lo, hi
+    splats, is reshape(clamp(lo, y, hi)) (clamp is elementwise): XLA's partitioned
+    lookup clamps its ids after appending the index vector dim."""
+    producer = {op.output: op for op in g.ops}
+    out, changed = [], False
+    b = GraphBuilder(Graph(g.name, tensors=g.tensors, ops=out), ids)
+    for op in g.ops:
+        r = producer.get(op.inputs[1]) if op.kind == "clamp" and len(op.inputs) == 3 else None
+        bounds = [_splat_scalar(g, producer, t) for t in (op.inputs[0], op.inputs[2])] if r else []
+        if r is None or r.kind != "reshape" or None in bounds:
+            out.append(op)
+            continue
+        y = r.inputs[0]
+        src, dst = g.tensors[y].shape, g.tensors[r.output].shape
+        if [n for n in src if n != 1] != [n for n in dst if n != 1] or len(dst) <= len(src) or \
+                any(n == 1 for n in src):
+            out.append(op)
+            continue
+        dtype = g.tensors[op.output].dtype
+        lo, hi = (b.op("broadcast_in_dim", [b.op("reshape", [s], (), g.tensors[s].dtype, {}, op.loc, op.name)],
+                       src, g.tensors[s].dtype, {"broadcast_dimensions": ()}, op.loc, op.name)
+                  for s in bounds)
+        clamped = b.op("clamp", [lo, y, hi], src, dtype, {}, op.loc, op.name)
+        b.op("reshape", [clamped], dst, dtype, {}, r.loc, r.name, output=op.output)
+        changed = True
+    if changed:
+        g.ops = out
+    return changed
+
+
 def _rewrite_in_bounds(gs: _Graph, skip: set[int]) -> tuple[dict[int, list[Op]], set[int]]:
     """In-bounds gathers as one-hot contractions, and every one-hot (index == iota)
     whose index is an affine form rebuilt from its base, so that one-hots built from
@@ -435,11 +504,13 @@ def _rewrite_in_bounds(gs: _Graph, skip: set[int]) -> tuple[dict[int, list[Op]],
             continue
         rg = _row_gather(gs.g, op)
         got = gs.in_bounds(rg) if rg is not None else None
+        gs.pending = []
+        if got is None and rg is not None and not rg.along:
+            got = gs.clamped_index(rg)
         if got is None:
             continue
         aff, dims = got
         out_dims = tuple(d + (0 if rg.along else rg.dim) for d in dims)
-        gs.pending = []
         if gs.one_hot_contraction(rg, aff, out_dims, op, op.output):
             before[op.id] = gs.pending
             replaced.add(op.id)
@@ -451,6 +522,8 @@ def rewrite_masked_gathers(problem: Problem) -> bool:
     graphs, as one-hot contractions. Nothing changes unless a masked gather is found."""
     if not any(op.kind in ("gather", "eq") for op in problem.dist.ops):
         return False   # no fold of the distributed graph for nothing
+    for g in (problem.seq, problem.dist):
+        _clamps_before_unit_reshapes(g, problem.ids)
     dist = _Graph(problem.dist, problem.ids, problem.mesh.size, problem.mesh)
     before: dict[int, list[Op]] = {}
     replaced: set[int] = set()

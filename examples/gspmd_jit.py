@@ -214,6 +214,32 @@ def gspmd_sequence_parallel_train():
                          description="sequence-parallel layers' training step, SGD, 4 devices")
 
 
+# ------------------------------------------- embedding over a sharded vocabulary
+
+VOCAB = 64
+
+
+def embed_mlp(emb, w1, w2, ids):
+    """A lookup (mode="clip": ids clamped into the table, as indexing does) and a
+    residual MLP. XLA partitions the lookup over the table's sharded rows as a masked
+    gather: each rank keeps the ids in its rows, and an all-reduce sums the ranks'."""
+    x = jnp.take(emb, ids, axis=0, mode="clip")
+    return x + mlp(x, w1, w2)
+
+
+EMBED = (P("tp", None), P(None, "tp"), P("tp", None), P())
+
+
+@dlverify.case
+def gspmd_vocab_parallel_embedding():
+    mesh = dlverify.host_mesh((4,), ("tp",))
+    dist = jax.jit(embed_mlp, in_shardings=_shard(mesh, EMBED), out_shardings=NamedSharding(mesh, P()))
+    return dlverify.Case(seq=embed_mlp, dist=dist,
+                         args=(_f32(VOCAB, D), _f32(D, F), _f32(F, D),
+                               jax.ShapeDtypeStruct((B, S), jnp.int32)),
+                         description="an embedding table sharded over its rows by jit, then a TP MLP")
+
+
 # ------------------------------------------------------------ buggy twins
 
 @dlverify.case
@@ -257,6 +283,20 @@ def gspmd_sequence_parallel_norm_gain_bug():
                    out_shardings=NamedSharding(mesh, SP_ACT))
     return dlverify.Case(seq=_sp_layers(None, False), dist=dist, args=_sp_args(), expect="bug",
                          description="sequence-parallel layers, the second normalised by g1")
+
+
+@dlverify.case
+def gspmd_vocab_parallel_embedding_shifted_ids_bug():
+    mesh = dlverify.host_mesh((4,), ("tp",))
+
+    def fwd(emb, w1, w2, ids):
+        x = jnp.take(emb, ids + 1, axis=0, mode="clip")   # BUG: the ids shifted by one
+        return x + mlp(x, w1, w2)
+    dist = jax.jit(fwd, in_shardings=_shard(mesh, EMBED), out_shardings=NamedSharding(mesh, P()))
+    return dlverify.Case(seq=embed_mlp, dist=dist,
+                         args=(_f32(VOCAB, D), _f32(D, F), _f32(F, D),
+                               jax.ShapeDtypeStruct((B, S), jnp.int32)),
+                         expect="bug", description="the lookup one row off")
 
 
 # ------------------------------------------- Llama-3 (examples/models/llama3.py)

@@ -15,9 +15,11 @@ where they must not fire.
 """
 import copy
 
+import numpy as np
 import pytest
 from test_simplify import _graph, _ranks_agree
 
+from dlverify.interpret import Interpreter
 from dlverify.rewrites import rewrite_graph
 from dlverify.simplify import simplify_graph
 
@@ -109,23 +111,107 @@ def _jit_case(fn, specs, out, args, mesh_shape=(2,), names=("tp",)):
     return dlverify.verify_jax(fn, dist, *args)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "XLA's partitioned gather over a sharded indexed dim: it clamps the ids ([2, 8, 1], the "
-    "index vector dim inserted first), masks the ids outside the rank's rows by "
-    "or(lt, gt) reduced over that size-1 dim, gathers at clamp - offset and all-reduces; "
-    "masked_gather.py matches Megatron's form only: index_ranges' predicates and affine forms "
-    "reject a base (the clamp) with a size-1 dim that is reduced over or is the gather's index "
-    "vector dim, and the sequential gather's ids are not proved in range (XLA's gather clamps "
-    "them, which no rewrite states yet)"))
+def _lookup_graph(table, ids_shape, clamped: bool):
+    """take(table, ids) along dim 0 as XLA writes it: the ids with a size-1 index vector
+    dim appended (clamped into the table first as the partitioner does, when asked)."""
+    from dlverify.ir import Graph, GraphBuilder, IdAllocator
+
+    alloc, g = IdAllocator(), Graph("g")
+    b = GraphBuilder(g, alloc)
+    x, y = b.tensor(table, "float32", "x"), b.tensor(ids_shape, "int32", "ids")
+    g.inputs = [x, y]
+    idx_shape = ids_shape + (1,)
+    idx = b.op("reshape", [y], idx_shape, "int32")
+    if clamped:
+        lo = b.op("broadcast_in_dim", [b.constant(np.int32(0), (), "int32")], idx_shape, "int32",
+                  {"broadcast_dimensions": ()})
+        hi = b.op("broadcast_in_dim", [b.constant(np.array([table[0] - 1], np.int32), (1,), "int32")],
+                  idx_shape, "int32", {"broadcast_dimensions": (len(ids_shape),)})
+        idx = b.op("clamp", [lo, idx, hi], idx_shape, "int32")
+    k = len(ids_shape)
+    g.outputs = [b.op("gather", [x, idx], ids_shape + table[1:], "float32", {
+        "offset_dims": tuple(range(k, k + len(table) - 1)), "collapsed_slice_dims": (0,),
+        "start_index_map": (0,), "operand_batching_dims": (), "start_indices_batching_dims": (),
+        "index_vector_dim": k, "slice_sizes": (1,) + table[1:], "indices_are_sorted": False})]
+    return g, alloc
+
+
+def _lookups_agree(before, g, table, ids_shape):
+    """Same outputs on random tables and ids, many of them outside the table."""
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        ins = [[rng.standard_normal(table).astype(np.float32)],
+               [rng.integers(-2 * table[0], 3 * table[0], ids_shape).astype(np.int32)]]
+        want, got = (Interpreter(h, 1).run(ins)[h.outputs[0]][0] for h in (before, g))
+        np.testing.assert_array_equal(want, got)
+
+
+def test_a_clamp_of_a_reshape_inserting_size_1_dims_is_the_reshape_of_the_clamp():
+    from dlverify.masked_gather import _clamps_before_unit_reshapes
+    g, alloc = _lookup_graph((10, 3), (2, 5), clamped=True)
+    before = copy.deepcopy(g)
+    assert _clamps_before_unit_reshapes(g, alloc)
+    clamp = next(op for op in g.ops if op.kind == "clamp")
+    assert g.tensors[clamp.output].shape == (2, 5)     # on the ids' dims, reshaped after
+    _lookups_agree(before, g, (10, 3), (2, 5))
+
+
+def test_a_lookup_at_unproved_ids_is_the_one_hot_contraction_of_the_clamped_ids():
+    # the gather clamps its start indices into the table: so does the one-hot's index
+    from dlverify.masked_gather import _Graph, _rewrite_in_bounds, _splice
+    g, alloc = _lookup_graph((10, 3), (2, 5), clamped=False)
+    before = copy.deepcopy(g)
+    ops, replaced = _rewrite_in_bounds(_Graph(g, alloc, 1, None), set())
+    _splice(g, ops, replaced)
+    kinds = [op.kind for op in g.ops]
+    assert "gather" not in kinds and "clamp" in kinds and "dot_general" in kinds
+    _lookups_agree(before, g, (10, 3), (2, 5))
+
+
+def _vocab_lookup(shift: int):
+    """A lookup in a table whose rows the jit shards over 2 devices, the distributed
+    program's ids shifted by `shift` (the sequential one's are not)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    import dlverify
+
+    def lookup(emb, ids, shift=0):
+        return jnp.tanh(jnp.take(emb, ids + shift, axis=0, mode="clip"))
+    mesh = dlverify.host_mesh((2,), ("tp",))
+    dist = jax.jit(lambda emb, ids: lookup(emb, ids, shift),
+                   in_shardings=(NamedSharding(mesh, P("tp", None)), NamedSharding(mesh, P())),
+                   out_shardings=NamedSharding(mesh, P()))
+    return dlverify.verify_jax(lookup, dist, jax.ShapeDtypeStruct((64, 16), jnp.float32),
+                               jax.ShapeDtypeStruct((2, 8), jnp.int32))
+
+
 def test_an_embedding_lookup_over_a_vocabulary_sharded_by_jit_verifies():
+    res = _vocab_lookup(0)
+    assert res.verified, [f.message for f in res.failures[:2]]
+
+
+def test_an_embedding_lookup_at_shifted_ids_over_a_sharded_vocabulary_does_not_verify():
+    res = _vocab_lookup(1)
+    assert not res.verified
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "take_along_axis over logits whose vocabulary the jit shards (a cross-entropy's target "
+    "logit): XLA clamps labels[..., None] with the index vector dim appended ([b, s, 1, 1]); "
+    "the clamp is moved past that reshape only when the operand has no size-1 dim, and "
+    "masked_gather.py's unproved-index clamp handles takes along one dim, not the "
+    "take_along_axis form (the clamp at the take_along_axis line)"))
+def test_a_target_logit_over_a_vocabulary_sharded_by_jit_verifies():
     import jax
     import jax.numpy as jnp
     from jax.sharding import PartitionSpec as P
 
-    def lookup(emb, ids):
-        return jnp.tanh(jnp.take(emb, ids, axis=0, mode="clip"))
-    res = _jit_case(lookup, (P("tp", None), P()), P(),
-                    (jax.ShapeDtypeStruct((64, 16), jnp.float32), jax.ShapeDtypeStruct((2, 8), jnp.int32)))
+    def target(logits, labels):
+        return jnp.take_along_axis(logits, labels[..., None], axis=-1, mode="clip")
+    res = _jit_case(target, (P(None, None, "tp"), P()), P(),
+                    (jax.ShapeDtypeStruct((2, 8, 64), jnp.float32), jax.ShapeDtypeStruct((2, 8), jnp.int32)))
     assert res.verified, [f.message for f in res.failures[:2]]
 
 
