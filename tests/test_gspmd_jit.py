@@ -199,10 +199,13 @@ def test_an_embedding_lookup_at_shifted_ids_over_a_sharded_vocabulary_does_not_v
 
 @pytest.mark.xfail(strict=True, reason=(
     "take_along_axis over logits whose vocabulary the jit shards (a cross-entropy's target "
-    "logit): XLA clamps labels[..., None] with the index vector dim appended ([b, s, 1, 1]); "
-    "the clamp is moved past that reshape only when the operand has no size-1 dim, and "
-    "masked_gather.py's unproved-index clamp handles takes along one dim, not the "
-    "take_along_axis form (the clamp at the take_along_axis line)"))
+    "logit): JAX wraps negative labels by a select on labels[..., None] ([b, s, 1]) before "
+    "XLA appends the index vector dim ([b, s, 1, 1]) and clamps; the clamp is moved past "
+    "a reshape only when the reshape's operand has no size-1 dim (index_ranges' affine "
+    "forms and predicates carry no size-1 base dim through a reshape: moved_dims maps dims "
+    "of other sizes only), and "
+    "masked_gather.clamped_index clamps unproved indices of takes along one dim only, not "
+    "of the sequential take_along_axis (the clamp at the take_along_axis line)"))
 def test_a_target_logit_over_a_vocabulary_sharded_by_jit_verifies():
     import jax
     import jax.numpy as jnp
