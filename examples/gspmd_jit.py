@@ -214,6 +214,76 @@ def gspmd_sequence_parallel_train():
                          description="sequence-parallel layers' training step, SGD, 4 devices")
 
 
+# ------------------------------------- remat, scanned layers, fused attention, Adam
+
+@dlverify.case
+def gspmd_remat_tp_train():
+    """Two residual TP MLP blocks under jax.checkpoint: the backward pass recomputes them."""
+    mesh = dlverify.host_mesh((2,), ("tp",))
+    block = jax.checkpoint(lambda x, a, b: x + mlp(x, a, b))
+
+    def loss(x, y, w1, w2, w3, w4):
+        return jnp.mean((block(block(x, w1, w2), w3, w4) - y) ** 2)
+    step = _sgd(loss, 4)
+    specs = (P(), P()) + TP_MLP[1:] * 2
+    dist = jax.jit(step, in_shardings=_shard(mesh, specs), out_shardings=_shard(mesh, (P(),) + specs[2:]))
+    return dlverify.Case(seq=step, dist=dist, args=(_f32(B, S, D),) + _mlp_args() + _mlp_args()[1:],
+                         description="rematerialised TP MLP blocks, SGD step, TP=2")
+
+
+@dlverify.case
+def gspmd_scanned_layers_tp_train():
+    """Three TP MLP layers stacked (L, ...) and run by lax.scan, as MaxText does (each
+    layer's output squashed by tanh, so that random weights keep the values small)."""
+    mesh = dlverify.host_mesh((2,), ("tp",))
+
+    def loss(x, y, w1, w2):
+        out = jax.lax.scan(lambda h, w: (jnp.tanh(h + mlp(h, w[0], w[1])), None), x, (w1, w2))[0]
+        return jnp.mean((out - y) ** 2)
+    step = _sgd(loss, 2)
+    specs = (P(), P(), P(None, None, "tp"), P(None, "tp", None))
+    dist = jax.jit(step, in_shardings=_shard(mesh, specs), out_shardings=_shard(mesh, (P(),) + specs[2:]))
+    return dlverify.Case(seq=step, dist=dist, args=(_f32(B, S, D), _f32(B, S, D), _f32(3, D, F), _f32(3, F, D)),
+                         description="stacked layers under lax.scan, weights' hidden dim over 'tp'")
+
+
+def fused_attention(x, wq, wk, wv, wo):
+    q, k, v = (jnp.einsum("bsd,dhk->bshk", x, w) for w in (wq, wk, wv))
+    return jnp.einsum("bshk,hkd->bsd", jax.nn.dot_product_attention(q, k, v, is_causal=True), wo)
+
+
+@dlverify.case
+def gspmd_dot_product_attention_forward():
+    # TP=2: 2 of the 4 heads per rank (one head per rank: tests/test_gspmd_jit.py's xfail)
+    mesh = dlverify.host_mesh((2,), ("tp",))
+    dist = jax.jit(fused_attention, in_shardings=_shard(mesh, TP_ATTN), out_shardings=NamedSharding(mesh, P()))
+    return dlverify.Case(seq=fused_attention, dist=dist, args=_attn_args(),
+                         description="jax.nn.dot_product_attention (causal), heads sharded, TP=2")
+
+
+def adam_step(x, y, w1, w2, m1, m2, v1, v2):
+    value, (g1, g2) = jax.value_and_grad(mlp_loss, argnums=(2, 3))(x, y, w1, w2)
+    out = [value]
+    for w, g, m, v in ((w1, g1, m1, v1), (w2, g2, m2, v2)):
+        m = 0.9 * m + 0.1 * g
+        v = 0.999 * v + 0.001 * g * g
+        # |v|: the cases' inputs are random (a real second moment is never negative)
+        out += [w - 1e-3 * m / (jnp.sqrt(jnp.abs(v)) + 1e-8), m, v]
+    return tuple(out)
+
+
+@dlverify.case
+def gspmd_fsdp_tp_adam():
+    """An Adam step on a 2x2 (fsdp, tp) mesh: weights and both moments sharded alike."""
+    mesh = dlverify.host_mesh((2, 2), ("fsdp", "tp"))
+    a, b = P("fsdp", "tp"), P("tp", "fsdp")
+    dist = jax.jit(adam_step, in_shardings=_shard(mesh, (P("fsdp"), P("fsdp"), a, b, a, b, a, b)),
+                   out_shardings=_shard(mesh, (P(), a, a, a, b, b, b)))
+    return dlverify.Case(seq=adam_step, dist=dist,
+                         args=(_f32(8, D), _f32(8, D)) + (_f32(D, F), _f32(F, D)) * 3,
+                         description="Adam on a 2-D (fsdp, tp) mesh")
+
+
 # ------------------------------------------- embedding over a sharded vocabulary
 
 VOCAB = 64
