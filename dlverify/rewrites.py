@@ -253,7 +253,9 @@ def rewrite_graph(graph: Graph, ids: IdAllocator) -> bool:
 def rewrite(problem: Problem) -> None:
     """Rewrite both graphs of `problem` in place."""
     from dlverify.const_layout import fold_constant_layouts
+    from dlverify.collective_sums import split_summed_adds
     from dlverify.cse import merge_common_values
+    from dlverify.gather_batching import batch_unit_offset_dims
     from dlverify.masked_gather import rewrite_masked_gathers   # imports this module
     from dlverify.passes import share_nullary
     from dlverify.rounded_reciprocal import match_rounded_reciprocals
@@ -276,7 +278,12 @@ def rewrite(problem: Problem) -> None:
     if permute_sequence(problem):   # before the gathers it writes are matched
         _drop_newly_dead(problem.seq, unused[0])
         _drop_newly_dead(problem.dist, unused[1])
+    for g, before in zip((problem.seq, problem.dist), unused):   # size-1 offset dims batched
+        if batch_unit_offset_dims(g, problem.ids):
+            _drop_newly_dead(g, before)
     rewrite_masked_gathers(problem)
+    if split_summed_adds(problem.dist, problem.ids):   # psum(a + b) -> psum(a) + psum(b)
+        _drop_newly_dead(problem.dist, unused[1])
     if rewrite_reshardings(problem):
         _drop_newly_dead(problem.dist, unused[1])
     if canonical_softmaxes(problem.seq, problem.dist, problem.ids):

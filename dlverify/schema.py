@@ -217,6 +217,9 @@ ALONG_LINEAR = _rel("Along_Linear", "Op is a scan that is linear in its operand 
                     "op:OpId")
 REDUCE_OUT = _rel("Reduce_Out", "Reduction output dim j is operand dim i.", "op:OpId", "j:number",
                   "i:number")
+SUM_PART = _rel("Sum_Part", "Sequential tensor s is a node (a leaf, or an add) of the sum tree of "
+                "add op `root` (dlverify/sum_trees.py) and sums the leaves whose positions are the "
+                "bits of `mask`, n of them.", "root:OpId", "s:TensorId", "mask:number", "n:number")
 CONTRACT_SIZE = _rel("Contract_Size", "Reduced axis `axis` of sequential op has `size` elements.",
                      "op:OpId", "axis:number", "size:number")
 
@@ -230,6 +233,11 @@ GATHER_INDEXED = _rel("Gather_Indexed", "gather: operand dim i is the idx-th of 
 GATHER_OFFSET = _rel("Gather_Offset", "gather: output dim j is operand dim i (not collapsed); "
                      "indexed = 1 when i is in start_index_map.", "op:OpId", "j:number",
                      "i:number", "indexed:number")
+GATHER_BATCHING = _rel("Gather_Batching", "gather has n batching dim pairs (take_along_axis: "
+                       "Gather_OBatch).", "op:OpId", "n:number")
+GATHER_OBATCH = _rel("Gather_OBatch", "gather batching pair idx: operand dim i is read at the "
+                     "position of indices dim k (a slice of one element).", "op:OpId", "idx:number",
+                     "i:number", "k:number")
 GATHER_BATCH = _rel("Gather_Batch", "gather: output dim j is dim k of the indices.",
                     "op:OpId", "j:number", "k:number")
 

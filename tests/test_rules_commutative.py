@@ -30,8 +30,7 @@ def test_swapped_add_and_mul_keep_the_block():
         assert out.offsets(muls, muld, r) == {(2 * r, 0)}
 
 
-def test_swapped_add_of_terms_of_two_sums_is_nothing():
-    t = Tiny()
+def _swapped_add_of_two_sums(t: Tiny, read_twice: bool):
     xs, xd = t.input((4, 6), (None, "x"))
     ws, wd = t.input((6, 5), ("x", None))
     vs, vd = t.input((6, 5), ("x", None))
@@ -41,12 +40,29 @@ def test_swapped_add_of_terms_of_two_sums_is_nothing():
     b_d = t.dop("dot_general", [xd, vd], (4, 5), **DOT)
     ss = t.sop("add", [a_s, b_s], (4, 5))
     sd = t.dop("add", [b_d, a_d], (4, 5))
+    if read_twice:   # the partial sum is read by another op too: the psum is not split
+        t.dop("exp", [sd], (4, 5))
     t.output(ss, t.dop("all_reduce", [sd], (4, 5), reducer="sum", groups=[[0, 1]]), ())
+    return ss, sd
+
+
+def test_swapped_add_of_terms_of_two_sums_is_nothing():
+    t = Tiny()
+    ss, sd = _swapped_add_of_two_sums(t, read_twice=True)
     out = t.run()
-    # a and b are terms of two different contractions: their sum is no term of either
-    # tag, so nothing is derived for it (as with the operands in order)
+    # a and b are terms of two different contractions, added in the other order: their
+    # sum is no term of either tag, so nothing is derived for it
     assert not out.result.verified
     assert out.views(ss, sd) == []
+
+
+def test_psum_of_a_swapped_add_of_terms_of_two_sums_is_split_and_verifies():
+    """psum(b + a) = psum(b) + psum(a) (dlverify/collective_sums.py): two complete
+    values added in the other order."""
+    t = Tiny()
+    _swapped_add_of_two_sums(t, read_twice=False)
+    out = t.run()
+    assert out.result.verified, [f.message for f in out.result.failures]
 
 
 @pytest.mark.parametrize("kind, swapped", [("add", False), ("sub", True)])

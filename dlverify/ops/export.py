@@ -339,8 +339,8 @@ def iota(ex: FactSink, s: Site) -> tuple:
 
 
 def gather(ex: FactSink, s: Site) -> tuple:
-    """Gather facts when the gather has the form the rules handle (see schema):
-    no batching dims, every operand dim outside start_index_map sliced whole."""
+    """Gather facts when the gather has the form the rules handle (see schema): every
+    operand dim outside start_index_map and the batching dims sliced whole."""
     op, out_shape = s.op, s.out_shape
     p = op.params
     sig = ("gather", tuple(p["offset_dims"]), tuple(p["collapsed_slice_dims"]),
@@ -350,11 +350,14 @@ def gather(ex: FactSink, s: Site) -> tuple:
     operand, indices = s.shapes[0], s.shapes[1]
     smap, collapsed = tuple(p["start_index_map"]), tuple(p["collapsed_slice_dims"])
     sizes, ivd = tuple(p["slice_sizes"]), p["index_vector_dim"]
-    if p.get("operand_batching_dims") or p.get("start_indices_batching_dims"):
+    obd = tuple(p.get("operand_batching_dims") or ())
+    sbd = tuple(p.get("start_indices_batching_dims") or ())
+    if len(sizes) != len(operand) or len(set(smap)) != len(smap) or len(obd) != len(sbd):
         return sig
-    if len(sizes) != len(operand) or len(set(smap)) != len(smap):
+    # batching dims (take_along_axis): slices of one element, neither indexed nor collapsed
+    if any(sizes[i] != 1 or i in smap or i in collapsed for i in obd):
         return sig
-    if any(sizes[i] != operand[i] for i in range(len(operand)) if i not in smap):
+    if any(sizes[i] != operand[i] for i in range(len(operand)) if i not in smap and i not in obd):
         return sig
     if any(i not in smap or sizes[i] != 1 for i in collapsed):
         return sig
@@ -364,7 +367,9 @@ def gather(ex: FactSink, s: Site) -> tuple:
         return sig
     if vec < 0 and len(smap) != 1:
         return sig
-    kept = [i for i in range(len(operand)) if i not in collapsed]
+    if vec in sbd or any(operand[i] != indices[k] for i, k in zip(obd, sbd)):
+        return sig
+    kept = [i for i in range(len(operand)) if i not in collapsed and i not in obd]
     offset_dims = tuple(p["offset_dims"])
     if len(offset_dims) != len(kept):
         return sig
@@ -373,6 +378,9 @@ def gather(ex: FactSink, s: Site) -> tuple:
     if len(batch_out) != len(batch_in):
         return sig
     ex.add(S.GATHER, op.id, len(smap), vec)
+    ex.add(S.GATHER_BATCHING, op.id, len(obd))
+    for idx, (i, k) in enumerate(zip(obd, sbd)):
+        ex.add(S.GATHER_OBATCH, op.id, idx, i, k)
     for idx, i in enumerate(smap):
         ex.add(S.GATHER_INDEXED, op.id, idx, i)
     for j, i in zip(offset_dims, kept):

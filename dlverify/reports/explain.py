@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from dlverify import ir
 from dlverify import schema as S
 from dlverify.ir import CHAIN_DEPTH, CHAIN_REDUCTIONS, Graph, Op
+from dlverify.sum_trees import sum_parts
 from dlverify.verdict import UNIT_SCALE, Result, ViewFact, fmt_offsets, scale_value, short_path
 
 @dataclass
@@ -57,6 +58,9 @@ class Explainer:
         self.sprod = self.p.seq.producer()
         self.dprod = self.p.dist.producer()
         self.inputs = {(s, d) for s, d in zip(self.p.seq.inputs, self.p.dist.inputs)}
+        self.trees: dict[int, set[int]] = defaultdict(set)   # node of a sum tree -> its roots
+        for root, t, _mask, _n in sum_parts(self.p.seq):
+            self.trees[t].add(root)
 
     def _pair_views(self, s: int, d: int, r: int) -> list[ViewFact]:
         return self.by_pair.get((s, d, r), [])
@@ -110,7 +114,32 @@ class Explainer:
             step = self._chain_step(v, dop, sop, depth, seen)
             if step is not None:
                 return step
+        # 6. a sum whose terms the programs add in another order (sum_trees.dl)
+        if dop is not None and dop.kind == "add" and self.trees.get(v.seq):
+            prem = self._tree_terms(dop, self.trees[v.seq], v.rank)
+            if prem:
+                return Step(v, "sum re-associated (sum_trees.dl)", _loc(dop),
+                            [self.step(p, depth - 1, seen) for p in prem])
         return Step(v, "constant or iota", _loc(dop) if dop else "")
+
+    def _tree_terms(self, add: Op, roots: set[int], r: int) -> list[ViewFact] | None:
+        """The views of the terms a distributed tree of adds sums, each a node of a sum
+        tree of `roots` (the adds between them have no view of their own)."""
+        out: list[ViewFact] = []
+        for t in add.inputs:
+            ws = [w for w in self.by_dist.get((t, r), [])
+                  if w.partial is None and self.trees.get(w.seq, set()) & roots]
+            inner = self.dprod.get(t)
+            if ws:
+                out.append(ws[0])
+            elif inner is not None and inner.kind == "add":
+                sub = self._tree_terms(inner, roots, r)
+                if sub is None:
+                    return None
+                out += sub
+            else:
+                return None
+        return out
 
     def _chain(self, g: Graph, prod: dict[int, Op], t: int) -> list[int]:
         """t and the tensors up the chain of ops that move no element ending at t (a

@@ -1,0 +1,115 @@
+"""A summing all-reduce of an add, split into an add of all-reduces (distributed side).
+
+    psum(a + b) = psum(a) + psum(b)
+
+holds for every input over the reals (a sum over the ranks of sums), so the
+rewrite is exact. It matters when a and b are partial sums of *different* sequential
+values that the sequential program never adds on their own: Megatron's parallel
+residual (GPT-NeoX, GPT-J, PaLM) psums the attention and MLP partials together,
+psum(A_r + M_r), while the sequential block computes x + (A + bo) + (M + bb). Split,
+each psum completes its own reduction, and the sum trees (datalog/sum_trees.dl)
+add the complete terms in the sequential order.
+
+Only adds of reductions' results are split (dot_general, reduce_sum, or adds of
+those, each read by nothing else), and only when the two sides are different
+computations (no reduction of one side has the kind, attributes, operand shapes
+and program inputs of one of the other): the partial terms of two reductions the collective exists to
+complete. A value added to a partial sum before the psum (a bias added on every
+rank) is left where the program put it, so its diagnosis is unchanged, and so are
+the terms of one reduction accumulated over micro-batches (datalog/partials.dl).
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+from dlverify.ir import Graph, GraphBuilder, IdAllocator, Op
+
+_REDUCTIONS = frozenset({"dot_general", "reduce_sum"})
+
+
+class _Sources:
+    """The program inputs each tensor is computed from, as a bit mask (memoised)."""
+
+    def __init__(self, g: Graph, producer: dict[int, Op]) -> None:
+        self.producer = producer
+        self.bit = {t: 1 << i for i, t in enumerate(g.inputs)}
+        self.memo: dict[int, int] = {}
+
+    def __call__(self, t: int) -> int:
+        todo = [t]
+        while todo:   # post-order without recursion (deep graphs)
+            x = todo[-1]
+            if x in self.memo:
+                todo.pop()
+                continue
+            p = self.producer.get(x)
+            missing = [i for i in (p.inputs if p else ()) if i not in self.memo]
+            if missing:
+                todo.extend(missing)
+                continue
+            todo.pop()
+            m = self.bit.get(x, 0)
+            for i in p.inputs if p else ():
+                m |= self.memo[i]
+            self.memo[x] = m
+        return self.memo[t]
+
+
+def _leaf_sigs(g: Graph, t: int, producer: dict[int, Op], uses: Counter,
+               sources: _Sources) -> list[tuple] | None:
+    """The signatures (kind, attributes, operand shapes, the program inputs read) of the
+    reductions t adds up through adds read once; None when a leaf is no reduction or is
+    read elsewhere."""
+    p = producer.get(t)
+    if p is None or uses[t] != 1 or t in g.outputs:
+        return None
+    if p.kind == "add" and len(p.inputs) == 2:
+        parts = [_leaf_sigs(g, x, producer, uses, sources) for x in p.inputs]
+        return None if None in parts else parts[0] + parts[1]
+    if p.kind not in _REDUCTIONS:
+        return None
+    return [(p.kind, tuple(sorted((k, repr(v)) for k, v in p.params.items())),
+             tuple(g.tensors[x].shape for x in p.inputs), sources(t))]
+
+
+def _splittable(g: Graph, add: Op | None, producer: dict[int, Op], uses: Counter,
+                sources: _Sources) -> bool:
+    """`add` is an add read once (by the collective) of reductions' results on both sides,
+    the two sides computed differently: no reduction of one has the signature of one of
+    the other (the same kind, attributes and shapes, from the same program inputs). Sums of terms of one reduction (micro-batches accumulated) are left
+    whole: the accumulation rules complete them as they are."""
+    if add is None or add.kind != "add" or len(add.inputs) != 2 or uses[add.output] != 1:
+        return False
+    sides = [_leaf_sigs(g, t, producer, uses, sources) for t in add.inputs]
+    return None not in sides and not set(sides[0]) & set(sides[1])
+
+
+def split_summed_adds(g: Graph, ids: IdAllocator) -> bool:
+    """Rewrite every summing all_reduce of a splittable add of g (to a fixpoint: an add
+    of adds is split again). Returns whether anything changed; the adds left unread
+    are for the caller to drop."""
+    changed = False
+    while True:
+        uses: Counter = Counter(g.outputs)
+        for op in g.ops:
+            uses.update(op.inputs)
+        producer = {op.output: op for op in g.ops}
+        sources = _Sources(g, producer)
+        out: list[Op] = []
+        builder = GraphBuilder(Graph(g.name, tensors=g.tensors, ops=out), ids)
+        step = False
+        for op in g.ops:
+            add = producer.get(op.inputs[0]) if op.kind == "all_reduce" and len(op.inputs) == 1 \
+                else None
+            if op.params.get("reducer") != "sum" or not _splittable(g, add, producer, uses, sources):
+                out.append(op)
+                continue
+            t = g.tensors[op.output]
+            parts = [builder.op("all_reduce", [x], t.shape, t.dtype, op.params, op.loc, op.name)
+                     for x in add.inputs]
+            builder.op("add", parts, t.shape, t.dtype, {}, add.loc, add.name, output=op.output)
+            step = True
+        if not step:
+            return changed
+        g.ops = out
+        changed = True
