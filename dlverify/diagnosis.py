@@ -12,7 +12,7 @@ from dlverify import ir
 from dlverify import schema as S
 from dlverify.correspondence import counterpart_failure
 from dlverify.diagnosis_origin import (earliest_origin, origin, own_loc, primitives, rescaled_sums,
-                                       scaled_operand, unscaled_sum)
+                                       resummed_whole, scaled_operand, unscaled_sum)
 from dlverify.diagnosis_outputs import output_failures, seq_frontier_failures
 from dlverify.ir import Graph, Op
 from dlverify.outputs import infer_output_relation
@@ -210,7 +210,8 @@ class Judge:
                                      op.inputs[pos], ranks[0], vs)
         if entry_view is None:
             return (self._rescaled_sum_failure(op, ranks, pos, vs)
-                    or self._unscaled_sum_failure(op, ranks, pos, vs))
+                    or self._unscaled_sum_failure(op, ranks, pos, vs)
+                    or self._resummed_failure(op, ranks, pos, vs))
         if entry_view[0].id == op.id:
             return None
         entry, at = entry_view
@@ -255,6 +256,20 @@ class Judge:
                f"after it divides the sum; {self.op_desc(op)} reads operand {pos} as "
                f"{self.view_text(vs[0])}: local means summed over the ranks, a division missing?")
         return self._scale_failure(coll, ranks, msg)
+
+    def _resummed_failure(self, op: Op, ranks: tuple[int, ...], pos: int,
+                          vs: list[ViewFact]) -> Failure | None:
+        """The scaled operand of a frontier op comes from a psum of a value every rank
+        already holds whole (diagnosis_origin.resummed_whole)."""
+        found = resummed_whole(self.dist_prod, self.by_dist, self._order, op.inputs[pos], ranks[0])
+        if found is None:
+            return None
+        msg = (f"{self.op_desc(found.collective)} sums {self.view_text(found.whole)} on rank "
+               f"{ranks[0]}, a value every rank of its group already holds whole, into "
+               f"{self.view_text(found.made)}; {self.op_desc(op)} reads operand {pos} as "
+               f"{self.view_text(vs[0])}: a value reduced twice (a pmean of gradients JAX's "
+               f"replication checks already summed?)")
+        return self._scale_failure(found.collective, ranks, msg)
 
     def _scale_failure(self, at: Op, ranks: tuple[int, ...], msg: str) -> Failure:
         """A scale-mismatch failure reported at `at`, with its operands' views."""

@@ -226,6 +226,45 @@ def rescaled_sums(dist_prod: dict[int, Op], consumers: dict[int, list[Op]],
     return found
 
 
+@dataclass(frozen=True)
+class ResummedWhole:
+    """`collective` sums `whole`, a value every rank of its group holds complete, into
+    `made`: the group size times it."""
+
+    collective: Op
+    whole: ViewFact
+    made: ViewFact
+
+
+def resummed_whole(dist_prod: dict[int, Op], by_dist: dict[tuple[int, int], list[ViewFact]],
+                   order: dict[int, int], t: int, r: int) -> ResummedWhole | None:
+    """The earliest summing collective that t (held scaled on rank r) is computed from
+    whose operand is no partial sum on rank r: every rank holds the value whole, so the
+    sum multiplies it by the group size (a value reduced twice: a psum after a psum, or
+    a pmean of gradients JAX's replication checks already summed). The walk back
+    follows values held scaled on rank r, as rescaled_sums' does."""
+    def scaled(x: int) -> bool:
+        return any(v.partial is None and v.scale != UNIT_SCALE for v in by_dist.get((x, r), []))
+
+    upstream, todo = {t}, [t]
+    while todo:
+        op = dist_prod.get(todo.pop())
+        for i in op.inputs if op is not None else ():
+            if i not in upstream and scaled(i):
+                upstream.add(i)
+                todo.append(i)
+    found = []
+    for x in upstream:
+        coll = dist_prod.get(x)
+        if coll is None or coll.kind != "all_reduce" or coll.params.get("reducer") != "sum":
+            continue
+        whole = [w for i in coll.inputs for w in by_dist.get((i, r), [])]
+        made = [v for v in by_dist.get((x, r), []) if v.partial is None]
+        if whole and made and all(w.partial is None for w in whole):
+            found.append(ResummedWhole(coll, whole[0], made[0]))
+    return min(found, key=lambda f: order[f.collective.id]) if found else None
+
+
 def primitives(op_name: str) -> set[str]:
     """The primitives an XLA metadata op_name names ("jit(f)/transpose(jvp())/mul;
     jit(f)/broadcast_in_dim": mul and broadcast_in_dim)."""

@@ -106,3 +106,34 @@ def test_a_factor_a_later_collective_changes_is_not_blamed_on_the_first(tmp_path
     assert first.kind == "scale-mismatch", [(f.op, f.kind, f.message[:160]) for f in res.failures]
     assert bug_line(pmean_bug) in _frames(first), (first.op, first.message)
     assert "nothing after it divides the sum" not in first.message
+
+
+# --------------- a value reduced twice, read by a nonlinear op (diagnosis_origin.resummed_whole)
+
+def pmean_tanh_bug(w, x):
+    g = jax.grad(_sq_loss)(w, x)   # w is invariant: autodiff psums the cotangent over 'dp'
+    g = jax.lax.pmean(g, "dp")  # BUG: sums the summed gradient again (DP times too large)
+    return jnp.tanh(g)
+
+
+def pmean_tanh_ok(w, x):
+    return jnp.tanh(jax.grad(_sq_loss)(w, x) / DP)
+
+
+def pmean_tanh_seq(w, x):
+    return jnp.tanh(jax.grad(_sq_loss)(w, x))
+
+
+def test_a_psum_of_a_value_every_rank_holds_whole_is_reported_at_that_psum():
+    """The nonlinear op reads DP x the gradient: not a sum of local means left undivided
+    (the first psum is right) but a second psum, of a value every rank already holds."""
+    from dlverify.api import verify_jax
+    args = (jax.ShapeDtypeStruct((4, 3), f32), jax.ShapeDtypeStruct((8, 4), f32))
+    assert verify_jax(pmean_tanh_seq, _dp(pmean_tanh_ok, (P(), P("dp")), P()), *args).verified
+    res = verify_jax(pmean_tanh_seq, _dp(pmean_tanh_bug, (P(), P("dp")), P()), *args)
+    assert not res.verified
+    first = res.failures[0]
+    assert first.kind == "scale-mismatch" and first.op == "all_reduce", \
+        [(f.op, f.kind, f.message[:160]) for f in res.failures]
+    assert bug_line(pmean_tanh_bug) in _frames(first), (first.op, first.message)
+    assert "already holds whole" in first.message
