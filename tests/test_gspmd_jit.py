@@ -14,14 +14,25 @@ where they must not fire.
   one where it must not fire here).
 """
 import copy
+import sys
+from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
 from test_simplify import _graph, _ranks_agree
 
+import dlverify
 from dlverify.interpret import Interpreter
+from dlverify.ir import Graph, GraphBuilder, IdAllocator
+from dlverify.masked_gather import _clamps_before_unit_reshapes, _Graph, _rewrite_in_bounds, _splice
 from dlverify.rewrites import rewrite_graph
 from dlverify.simplify import simplify_graph
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+import gspmd_jit as E  # noqa: E402
 
 
 def _gathered_concat(pieces, cat_dim, gather_dim, groups):
@@ -75,15 +86,9 @@ def test_a_gather_after_a_larger_dim_of_its_group_stays():
     "with v's size-1 KV-slot dim, which the sequential dot (2 slots) keeps as free dims: "
     "the two dots no longer pair (attention_core's probs @ v, llama3.py:191)"))
 def test_llama_step_with_query_heads_split_over_fsdp_verifies():
-    import sys
-    from pathlib import Path
 
-    import jax
-    from jax.sharding import NamedSharding, PartitionSpec as P
 
-    import dlverify
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "models"))
-    import llama3 as L
+    L = E.L   # examples/models/llama3.py, as the example file imports it
 
     cfg = L.SMALL._replace(layers=1)
     mesh = dlverify.host_mesh((2, 2), ("fsdp", "tp"))
@@ -100,10 +105,6 @@ def test_llama_step_with_query_heads_split_over_fsdp_verifies():
 
 
 def _jit_case(fn, specs, out, args, mesh_shape=(2,), names=("tp",)):
-    import jax
-    from jax.sharding import NamedSharding
-
-    import dlverify
     mesh = dlverify.host_mesh(mesh_shape, names)
     dist = jax.jit(fn, in_shardings=tuple(NamedSharding(mesh, s) for s in specs),
                    out_shardings=jax.tree.map(lambda s: NamedSharding(mesh, s), out,
@@ -114,7 +115,6 @@ def _jit_case(fn, specs, out, args, mesh_shape=(2,), names=("tp",)):
 def _lookup_graph(table, ids_shape, clamped: bool):
     """take(table, ids) along dim 0 as XLA writes it: the ids with a size-1 index vector
     dim appended (clamped into the table first as the partitioner does, when asked)."""
-    from dlverify.ir import Graph, GraphBuilder, IdAllocator
 
     alloc, g = IdAllocator(), Graph("g")
     b = GraphBuilder(g, alloc)
@@ -147,7 +147,6 @@ def _lookups_agree(before, g, table, ids_shape):
 
 
 def test_a_clamp_of_a_reshape_inserting_size_1_dims_is_the_reshape_of_the_clamp():
-    from dlverify.masked_gather import _clamps_before_unit_reshapes
     g, alloc = _lookup_graph((10, 3), (2, 5), clamped=True)
     before = copy.deepcopy(g)
     assert _clamps_before_unit_reshapes(g, alloc)
@@ -158,7 +157,6 @@ def test_a_clamp_of_a_reshape_inserting_size_1_dims_is_the_reshape_of_the_clamp(
 
 def test_a_lookup_at_unproved_ids_is_the_one_hot_contraction_of_the_clamped_ids():
     # the gather clamps its start indices into the table: so does the one-hot's index
-    from dlverify.masked_gather import _Graph, _rewrite_in_bounds, _splice
     g, alloc = _lookup_graph((10, 3), (2, 5), clamped=False)
     before = copy.deepcopy(g)
     ops, replaced = _rewrite_in_bounds(_Graph(g, alloc, 1, None), set())
@@ -171,11 +169,7 @@ def test_a_lookup_at_unproved_ids_is_the_one_hot_contraction_of_the_clamped_ids(
 def _vocab_lookup(shift: int):
     """A lookup in a table whose rows the jit shards over 2 devices, the distributed
     program's ids shifted by `shift` (the sequential one's are not)."""
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import NamedSharding, PartitionSpec as P
 
-    import dlverify
 
     def lookup(emb, ids, shift=0):
         return jnp.tanh(jnp.take(emb, ids + shift, axis=0, mode="clip"))
@@ -207,10 +201,6 @@ def test_an_embedding_lookup_at_shifted_ids_over_a_sharded_vocabulary_does_not_v
     "masked_gather.clamped_index clamps unproved indices of takes along one dim only, not "
     "of the sequential take_along_axis (the clamp at the take_along_axis line)"))
 def test_a_target_logit_over_a_vocabulary_sharded_by_jit_verifies():
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import PartitionSpec as P
-
     def target(logits, labels):
         return jnp.take_along_axis(logits, labels[..., None], axis=-1, mode="clip")
     res = _jit_case(target, (P(None, None, "tp"), P()), P(),
@@ -220,9 +210,6 @@ def test_a_target_logit_over_a_vocabulary_sharded_by_jit_verifies():
 
 def test_an_embedding_lookup_with_the_hidden_dim_sharded_by_jit_verifies():
     # the rows whole on every rank: the gather is the sequential one on a block of columns
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import PartitionSpec as P
 
     def lookup(emb, ids):
         return jnp.tanh(emb[ids % 64])
@@ -238,17 +225,10 @@ def test_an_embedding_lookup_with_the_hidden_dim_sharded_by_jit_verifies():
     "partitioned module's dots keep the micro-batch dim first ([m, d, b], [1, f, b]): the "
     "merged contractions do not pair (the transposes at the value_and_grad line)"))
 def test_gradient_accumulation_by_scan_jitted_with_a_sharded_batch_verifies():
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import PartitionSpec as P
-
-    def mlp(x, w1, w2):
-        return jax.nn.gelu(x @ w1) @ w2
-
     def step(x, y, w1, w2):
         def micro(acc, xy):
             xm, ym = xy
-            loss, g = jax.value_and_grad(lambda a, b: jnp.mean((mlp(xm, a, b) - ym) ** 2),
+            loss, g = jax.value_and_grad(lambda a, b: E.mlp_loss(xm, ym, a, b),
                                          argnums=(0, 1))(w1, w2)
             return (acc[0] + loss, acc[1] + g[0], acc[2] + g[1]), None
         zero = (jnp.zeros(()), jnp.zeros_like(w1), jnp.zeros_like(w2))
@@ -268,11 +248,5 @@ def test_gradient_accumulation_by_scan_jitted_with_a_sharded_batch_verifies():
     "the output projection's operands no longer pair (a transpose at the attention line). "
     "With 2 heads per rank it verifies (examples/gspmd_jit.py)"))
 def test_dot_product_attention_with_one_head_per_rank_verifies():
-    import sys
-    from pathlib import Path
-
-    from jax.sharding import PartitionSpec as P
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-    import gspmd_jit as E
     res = _jit_case(E.fused_attention, E.TP_ATTN, P(), E._attn_args(), mesh_shape=(4,))
     assert res.verified, [f.message for f in res.failures[:2]]
