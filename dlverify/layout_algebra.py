@@ -177,6 +177,8 @@ def update_rows(add: AddRow, g: Graph, op: Op, fold: Folded) -> None:
     smaller = [k for k in range(len(z)) if u[k] < z[k]]
     if tuple(u) == tuple(z):
         add(S.UPDATE_WHOLE, op.id)
+    if len(smaller) == 1 and len(starts) == len(z):
+        add(S.UPDATE_ALONG, op.id, smaller[0])
     if len(smaller) not in (1, 2) or len(starts) != len(z) or not all(s in fold.small for s in starts):
         return
     if len(smaller) == 2:   # the dim where the update has one element is the outer one

@@ -177,6 +177,9 @@ PAD_DIM = _rel("Pad_Dim", "pad (no interior padding, none negative) adds lo elem
                "hi after dim i.", "op:OpId", "i:number", "lo:number", "hi:number")
 UPDATE_WHOLE = _rel("Update_Whole", "dynamic_update_slice whose update has the operand's shape: "
                     "the start is clamped to 0, so the result is the update.", "op:OpId")
+UPDATE_ALONG = _rel("Update_Along", "dynamic_update_slice whose update is smaller than the operand "
+                    "only along dim k (its start operand 2 + k; the other starts clamp to 0), "
+                    "whatever the starts' values.", "op:OpId", "k:number")
 UPDATE_WINDOW = _rel("Update_Window", "dynamic_update_slice on rank r (0: sequential) writes its update "
                      "at `start` along dim k, the only dim where the update is smaller than the "
                      "operand (starts folded to constants, clamped as XLA does).",

@@ -78,3 +78,34 @@ def test_souffle_derives_the_same_stack_views(monkeypatch):
     t = Tiny(mesh=Mesh(("x",), (2,)))
     _stack(t)
     assert_engines_agree(t.problem(), monkeypatch)
+
+
+# ---------------------------------------------- a start known only at run time (a KV cache)
+
+def _cache_write(t, shift_dist: bool):
+    """cache (ROWS, COLS) with features split over 2 ranks, one row written at the run-time
+    position p (an int input, replicated) on both sides, or at p + 1 on the distributed."""
+    cs, cd = t.input((ROWS, COLS), (None, "x"))
+    us, ud = t.input((1, COLS), (None, "x"))
+    ps, pd = t.input((), (), dtype="int32")
+    zs, zd = _int(t.S, 0), _int(t.D, 0)
+    if shift_dist:
+        pd = t.D.op("add", [pd, _int(t.D, 1)], (), "int32")
+    ys = t.sop("dynamic_update_slice", [cs, us, ps, zs], (ROWS, COLS))
+    yd = t.dop("dynamic_update_slice", [cd, ud, pd, zd], (ROWS, COLS // 2))
+    return ys, yd
+
+
+def test_a_write_at_the_same_run_time_start_keeps_the_block():
+    t = Tiny()
+    ys, yd = _cache_write(t, shift_dist=False)
+    out = t.run()
+    for r in range(2):
+        assert {v.offsets for v in out.views(ys, yd, r)} == {(0, 3 * r)}
+
+
+def test_a_write_at_another_run_time_start_is_not_related():
+    t = Tiny()
+    ys, yd = _cache_write(t, shift_dist=True)
+    out = t.run()
+    assert out.views(ys, yd) == []
