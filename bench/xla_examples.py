@@ -27,7 +27,6 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import argparse  # noqa: E402
-import importlib.util  # noqa: E402
 import inspect  # noqa: E402
 import json  # noqa: E402
 import resource  # noqa: E402
@@ -39,7 +38,7 @@ from pathlib import Path  # noqa: E402
 
 import jax  # noqa: E402
 
-from dlverify.case import CASE_MARKER  # noqa: E402
+from dlverify.cases import load_cases  # noqa: E402
 from dlverify.errors import InputError  # noqa: E402
 from dlverify.frontends.jax_compiled import dumped_after_optimizations, dumped_after_spmd  # noqa: E402
 from dlverify.hlo_api import verify_hlo  # noqa: E402
@@ -61,12 +60,10 @@ class Row:
 
 
 def _cases(path: Path):
-    spec = importlib.util.spec_from_file_location(f"_bench_xla_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    for name, fn in vars(module).items():
-        if callable(fn) and getattr(fn, CASE_MARKER, False):
-            yield name, fn()
+    """The file's cases, loaded as `dlverify check-jax` loads them (an example may import
+    its neighbours: pipeline_buffer.py reads pipeline_gpipe.py)."""
+    for name, fn in load_cases(path):
+        yield name, fn()
 
 
 def _bug_line(dist_fn) -> int | None:

@@ -22,10 +22,12 @@ optimisations another, brought to one form.
   those values). XLA writes `lax.top_k` of all n elements of a dim as that
   sort; the program's top_k stays one. (XLA's total order puts +0 above -0,
   which `neg` keys tie; the reals have one zero.)
+* `rsqrt(y)` is `1 / sqrt(y)`: XLA writes a normalisation's division by a square
+  root as a product with rsqrt.
 
 Each is an identity of real arithmetic for every input, applied to both graphs
 alike; tests/test_moe_compiled.py checks each numerically and where it must not
-fire. No rule makes a dot, a multiplication of booleans or a sort, so none
+fire. No rule makes a dot, a multiplication of booleans, a sort or an rsqrt, so none
 undoes another.
 """
 from __future__ import annotations
@@ -43,7 +45,20 @@ _FLIPS = frozenset({"neg", "not"})
 
 def compiled_forms(s: "_Simplifier", op: Op) -> bool:
     """Whether one of this module's rules replaced `op` (in `s`'s pass)."""
-    return dot_without_contraction(s, op) or mask_of_masks(s, op) or whole_dim_top_k(s, op)
+    return (dot_without_contraction(s, op) or mask_of_masks(s, op) or whole_dim_top_k(s, op)
+            or rsqrt_as_reciprocal(s, op))
+
+
+def rsqrt_as_reciprocal(s: "_Simplifier", op: Op) -> bool:
+    """`rsqrt(y)` is `1 / sqrt(y)` (XLA writes a LayerNorm's `(x - m) / sqrt(v + eps)` as
+    `(x - m) * rsqrt(v + eps)`; the reciprocal then meets `x * (1/y)` as `x / y`)."""
+    out = s.g.tensors[op.output]
+    if op.kind != "rsqrt" or len(op.inputs) != 1 or not out.dtype.startswith(("float", "bfloat")):
+        return False
+    root = s.new_op("sqrt", [op.inputs[0]], out.shape, out.dtype, {}, op)
+    ones = s.splat_of(1, out.shape, out.dtype, op)
+    s.new_op("div", [ones, root], out.shape, out.dtype, {}, op, output=op.output)
+    return True
 
 
 def dot_without_contraction(s: "_Simplifier", op: Op) -> bool:

@@ -226,3 +226,19 @@ def test_compiled_moe_layers_verify_and_twins_are_located(tmp_path, correct, twi
     m = example_module("moe_expert_parallel")
     assert_compiled_case_and_twin(tmp_path, getattr(m, correct)(), getattr(m, twin)(),
                                   dumped=True)
+
+
+# ------------------------------------------------ rsqrt as the reciprocal of a square root
+
+def _normalised(b, x, v, rsqrt: bool):
+    """x / sqrt(v * v + 1) as a program writes it, or x * rsqrt(v * v + 1) as XLA does."""
+    s = b.op("add", [b.op("mul", [v, v], (3, 4), "float32"),
+                     b.constant(np.ones((3, 4), np.float32), (3, 4), "float32")], (3, 4), "float32")
+    if rsqrt:
+        return b.op("mul", [x, b.op("rsqrt", [s], (3, 4), "float32")], (3, 4), "float32")
+    return b.op("div", [x, b.op("sqrt", [s], (3, 4), "float32")], (3, 4), "float32")
+
+
+def test_a_product_with_rsqrt_is_the_division_by_the_square_root():
+    g = _check(lambda b, x, v: _normalised(b, x, v, rsqrt=True), [(3, 4), (3, 4)], {"rsqrt"})
+    assert [op.kind for op in g.ops if op.output == g.outputs[0]] == ["div"]
