@@ -24,6 +24,8 @@ optimisations another, brought to one form.
   which `neg` keys tie; the reals have one zero.)
 * `rsqrt(y)` is `1 / sqrt(y)`: XLA writes a normalisation's division by a square
   root as a product with rsqrt.
+* a select of the boolean constants is its predicate (or the predicate's negation):
+  XLA folds `select(p, true, false)` to `p`.
 
 Each is an identity of real arithmetic for every input, applied to both graphs
 alike; tests/test_moe_compiled.py checks each numerically and where it must not
@@ -33,6 +35,8 @@ undoes another.
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from dlverify.ir import Op
 
@@ -46,7 +50,39 @@ _FLIPS = frozenset({"neg", "not"})
 def compiled_forms(s: "_Simplifier", op: Op) -> bool:
     """Whether one of this module's rules replaced `op` (in `s`'s pass)."""
     return (dot_without_contraction(s, op) or mask_of_masks(s, op) or whole_dim_top_k(s, op)
-            or rsqrt_as_reciprocal(s, op))
+            or rsqrt_as_reciprocal(s, op) or select_of_booleans(s, op))
+
+
+def _bool_splat(s: "_Simplifier", t: int) -> float | None:
+    """The one value (0.0 or 1.0) a boolean constant, or a broadcast of one, holds."""
+    op = s.producer.get(t)
+    if op is not None and op.kind == "broadcast_in_dim":
+        op = s.producer.get(op.inputs[0])
+    if op is None or op.kind != "constant" or op.params.get("value") is None:
+        return None
+    v = np.asarray(op.params["value"])
+    if v.size == 0 or v.dtype != np.bool_ or not (np.all(v) or not np.any(v)):
+        return None
+    return float(bool(v.flat[0]))
+
+
+def select_of_booleans(s: "_Simplifier", op: Op) -> bool:
+    """`select(p, true, false)` is `p` and `select(p, false, true)` is `not p`, for a
+    boolean p and boolean splats (`jnp.tril(jnp.ones(..., bool))` selects them; XLA keeps
+    the predicate)."""
+    out = s.g.tensors[op.output]
+    if op.kind != "select_n" or len(op.inputs) != 3 or out.dtype != "bool":
+        return False
+    p, on_false, on_true = op.inputs
+    if s.g.tensors[p].dtype != "bool" or s.g.tensors[p].shape != out.shape:
+        return False
+    lo, hi = _bool_splat(s, on_false), _bool_splat(s, on_true)
+    if (lo, hi) == (0.0, 1.0):
+        return s.fold(op, p)
+    if (lo, hi) == (1.0, 0.0):
+        s.new_op("not", [p], out.shape, out.dtype, {}, op, output=op.output)
+        return True
+    return False
 
 
 def rsqrt_as_reciprocal(s: "_Simplifier", op: Op) -> bool:

@@ -242,3 +242,17 @@ def _normalised(b, x, v, rsqrt: bool):
 def test_a_product_with_rsqrt_is_the_division_by_the_square_root():
     g = _check(lambda b, x, v: _normalised(b, x, v, rsqrt=True), [(3, 4), (3, 4)], {"rsqrt"})
     assert [op.kind for op in g.ops if op.output == g.outputs[0]] == ["div"]
+
+
+def _tril_select(b, x, y, flip: bool):
+    """select(x >= y, true, false) (or the flipped constants) of two float inputs."""
+    p = b.op("ge", [x, y], (3, 4), "bool")
+    t = b.constant(np.ones((3, 4), bool), (3, 4), "bool")
+    f = b.constant(np.zeros((3, 4), bool), (3, 4), "bool")
+    return b.op("select_n", [p, t, f] if flip else [p, f, t], (3, 4), "bool")
+
+
+@pytest.mark.parametrize("flip", [False, True])
+def test_a_select_of_the_boolean_constants_is_its_predicate(flip):
+    g = _check(lambda b, x, y: _tril_select(b, x, y, flip), [(3, 4), (3, 4)], {"select_n"})
+    assert [op.kind for op in g.ops if op.output == g.outputs[0]] == (["not"] if flip else ["ge"])
