@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from dlverify.ir import Graph, GraphBuilder, IdAllocator, Op
+from dlverify.ir import Graph, IdAllocator, Op
+from dlverify.op_pass import PassState, to_fixpoint
 
 _REDUCTIONS = frozenset({"dot_general", "reduce_sum"})
 
@@ -84,32 +85,25 @@ def _splittable(g: Graph, add: Op | None, producer: dict[int, Op], uses: Counter
     return None not in sides and not set(sides[0]) & set(sides[1])
 
 
+def _split_one(st: PassState, op: Op) -> bool:
+    """Rewrite `op` when it is a summing all_reduce of a splittable add."""
+    if op.kind != "all_reduce" or len(op.inputs) != 1 or op.params.get("reducer") != "sum":
+        return False
+    if "sources" not in st.cache:   # one memo of input masks per pass
+        st.cache["sources"] = _Sources(st.g, st.producer)
+    sources = st.cache["sources"]
+    add = st.producer.get(op.inputs[0])
+    if not _splittable(st.g, add, st.producer, st.uses, sources):
+        return False
+    t = st.g.tensors[op.output]
+    parts = [st.builder.op("all_reduce", [x], t.shape, t.dtype, op.params, op.loc, op.name)
+             for x in add.inputs]
+    st.builder.op("add", parts, t.shape, t.dtype, {}, add.loc, add.name, output=op.output)
+    return True
+
+
 def split_summed_adds(g: Graph, ids: IdAllocator) -> bool:
     """Rewrite every summing all_reduce of a splittable add of g (to a fixpoint: an add
     of adds is split again). Returns whether anything changed; the adds left unread
     are for the caller to drop."""
-    changed = False
-    while True:
-        uses: Counter = Counter(g.outputs)
-        for op in g.ops:
-            uses.update(op.inputs)
-        producer = {op.output: op for op in g.ops}
-        sources = _Sources(g, producer)
-        out: list[Op] = []
-        builder = GraphBuilder(Graph(g.name, tensors=g.tensors, ops=out), ids)
-        step = False
-        for op in g.ops:
-            add = producer.get(op.inputs[0]) if op.kind == "all_reduce" and len(op.inputs) == 1 \
-                else None
-            if op.params.get("reducer") != "sum" or not _splittable(g, add, producer, uses, sources):
-                out.append(op)
-                continue
-            t = g.tensors[op.output]
-            parts = [builder.op("all_reduce", [x], t.shape, t.dtype, op.params, op.loc, op.name)
-                     for x in add.inputs]
-            builder.op("add", parts, t.shape, t.dtype, {}, add.loc, add.name, output=op.output)
-            step = True
-        if not step:
-            return changed
-        g.ops = out
-        changed = True
+    return to_fixpoint(g, ids, _split_one)

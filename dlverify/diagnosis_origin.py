@@ -184,6 +184,23 @@ def unscaled_sum(dist_prod: dict[int, Op], by_dist: dict[tuple[int, int], list[V
     return None
 
 
+def _scaled_upstream(dist_prod: dict[int, Op], by_dist: dict[tuple[int, int], list[ViewFact]],
+                     t: int, r: int) -> set[int]:
+    """t and the values it is computed from through values held scaled on rank r (whole
+    blocks times a factor other than 1): the region the factor travels in."""
+    def scaled(x: int) -> bool:
+        return any(v.partial is None and v.scale != UNIT_SCALE for v in by_dist.get((x, r), []))
+
+    upstream, todo = {t}, [t]
+    while todo:
+        op = dist_prod.get(todo.pop())
+        for i in op.inputs if op is not None else ():
+            if i not in upstream and scaled(i):
+                upstream.add(i)
+                todo.append(i)
+    return upstream
+
+
 def rescaled_sums(dist_prod: dict[int, Op], consumers: dict[int, list[Op]],
                   by_dist: dict[tuple[int, int], list[ViewFact]], t: int,
                   r: int) -> list[RescaledSum]:
@@ -197,16 +214,7 @@ def rescaled_sums(dist_prod: dict[int, Op], consumers: dict[int, list[Op]],
     each as a RescaledSum. The walk
     back from t follows values held scaled on rank r only (the factor travels there),
     so it stays in the scaled region, not the whole cone of each frontier op."""
-    def scaled(x: int) -> bool:
-        return any(v.partial is None and v.scale != UNIT_SCALE for v in by_dist.get((x, r), []))
-
-    upstream, todo = {t}, [t]
-    while todo:
-        op = dist_prod.get(todo.pop())
-        for i in op.inputs if op is not None else ():
-            if i not in upstream and scaled(i):
-                upstream.add(i)
-                todo.append(i)
+    upstream = _scaled_upstream(dist_prod, by_dist, t, r)
     found = []
     for x in sorted(upstream):
         made = dist_prod.get(x)
@@ -243,16 +251,7 @@ def resummed_whole(dist_prod: dict[int, Op], by_dist: dict[tuple[int, int], list
     sum multiplies it by the group size (a value reduced twice: a psum after a psum, or
     a pmean of gradients JAX's replication checks already summed). The walk back
     follows values held scaled on rank r, as rescaled_sums' does."""
-    def scaled(x: int) -> bool:
-        return any(v.partial is None and v.scale != UNIT_SCALE for v in by_dist.get((x, r), []))
-
-    upstream, todo = {t}, [t]
-    while todo:
-        op = dist_prod.get(todo.pop())
-        for i in op.inputs if op is not None else ():
-            if i not in upstream and scaled(i):
-                upstream.add(i)
-                todo.append(i)
+    upstream = _scaled_upstream(dist_prod, by_dist, t, r)
     found = []
     for x in upstream:
         coll = dist_prod.get(x)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import Counter
 
 from dlverify.ir import Graph, GraphBuilder, IdAllocator, Op
+from dlverify.op_pass import PassState, to_fixpoint
 
 
 def _unit_offset_dim(op: Op, operand: tuple[int, ...], indices: tuple[int, ...]) -> int | None:
@@ -70,28 +71,16 @@ def _rewrite(g: Graph, op: Op, i: int, builder: GraphBuilder, producer: dict[int
     return True
 
 
+def _batch_one(st: PassState, op: Op) -> bool:
+    """Rewrite `op` when it is a gather with a size-1 offset dim (one dim per pass)."""
+    if op.kind != "gather" or len(op.inputs) < 2:
+        return False
+    i = _unit_offset_dim(op, st.g.tensors[op.inputs[0]].shape, st.g.tensors[op.inputs[1]].shape)
+    return i is not None and _rewrite(st.g, op, i, st.builder, st.producer, st.uses)
+
+
 def batch_unit_offset_dims(g: Graph, ids: IdAllocator) -> bool:
     """Rewrite every gather of g with a size-1 offset dim (to a fixpoint: one dim per
     pass). Returns whether anything changed; reshapes left unread are for the caller
     to drop."""
-    changed = False
-    while True:
-        uses: Counter = Counter(g.outputs)
-        for op in g.ops:
-            uses.update(op.inputs)
-        producer = {op.output: op for op in g.ops}
-        out: list[Op] = []
-        builder = GraphBuilder(Graph(g.name, tensors=g.tensors, ops=out), ids)
-        step = False
-        for op in g.ops:
-            i = None
-            if op.kind == "gather" and len(op.inputs) >= 2:
-                i = _unit_offset_dim(op, g.tensors[op.inputs[0]].shape, g.tensors[op.inputs[1]].shape)
-            if i is None or not _rewrite(g, op, i, builder, producer, uses):
-                out.append(op)
-                continue
-            step = True
-        if not step:
-            return changed
-        g.ops = out
-        changed = True
+    return to_fixpoint(g, ids, _batch_one)
