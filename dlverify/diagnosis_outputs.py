@@ -26,7 +26,13 @@ def seq_frontier_failures(j: Judge, failing: list) -> tuple[list[Failure], list[
     first: list[Failure] = []
     later: list[Failure] = []
     sorder = {op.id: i for i, op in enumerate(j.p.seq.ops)}
-    for op_id in sorted((o for o in j.seq_frontier if o in seq_anc), key=sorder.__getitem__):
+    frontier = sorted((o for o in j.seq_frontier if o in seq_anc), key=sorder.__getitem__)
+    by_seq: dict[tuple[int, int], list] = {}
+    wanted = {t for o in frontier for t in j.seq_ops[o].inputs}
+    for v in j.views:
+        if v.seq in wanted:
+            by_seq.setdefault((v.seq, v.rank), []).append(v)
+    for op_id in frontier:
         op = j.seq_ops[op_id]
         lost_before = any(t in related and t not in plain for t in op.inputs)
         (later if lost_before else first).append(Failure(
@@ -34,8 +40,25 @@ def seq_frontier_failures(j: Judge, failing: list) -> tuple[list[Failure], list[
             f"the sequential {op.kind} has operands related to the distributed program but "
             f"no distributed value equals (a block of) its output"
             + (" (an operand is held only as partial sums or scaled)" if lost_before else ""),
-            "sequential", op.loc.frames, kind="sequential-frontier"))
+            "sequential", op.loc.frames, kind="sequential-frontier",
+            operand_views=_held_operands(j, op, by_seq)))
     return first, later
+
+
+def _held_operands(j: Judge, op, by_seq: dict[tuple[int, int], list]) -> dict[int, list[str]]:
+    """For the first rank holding any operand of the sequential op: what distributed
+    value holds each operand there, and how."""
+    for r in range(j.p.mesh.size):
+        held = [by_seq.get((t, r), [])[:2] for t in op.inputs]
+        if any(held):
+            return {r: ["; ".join(f"{_dist_desc(j, v.dist)} holds {j.view_text(v)}" for v in vs)
+                        or "no view" for vs in held]}
+    return {}
+
+
+def _dist_desc(j: Judge, d: int) -> str:
+    p = j.dist_prod.get(d)
+    return j.op_desc(p) if p is not None else "a distributed input"
 
 
 def output_failures(j: Judge, failing: list) -> list[Failure]:

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from dlverify import ir
 from dlverify import schema as S
 from dlverify.ir import CHAIN_DEPTH, CHAIN_REDUCTIONS, Graph, Op
-from dlverify.sum_trees import sum_parts
 from dlverify.verdict import UNIT_SCALE, Result, ViewFact, fmt_offsets, scale_value, short_path
 
 @dataclass
@@ -58,9 +57,6 @@ class Explainer:
         self.sprod = self.p.seq.producer()
         self.dprod = self.p.dist.producer()
         self.inputs = {(s, d) for s, d in zip(self.p.seq.inputs, self.p.dist.inputs)}
-        self.trees: dict[int, set[int]] = defaultdict(set)   # node of a sum tree -> its roots
-        for root, t, _mask, _n in sum_parts(self.p.seq):
-            self.trees[t].add(root)
 
     def _pair_views(self, s: int, d: int, r: int) -> list[ViewFact]:
         return self.by_pair.get((s, d, r), [])
@@ -115,25 +111,36 @@ class Explainer:
             if step is not None:
                 return step
         # 6. a sum whose terms the programs add in another order (sum_trees.dl)
-        if dop is not None and dop.kind == "add" and self.trees.get(v.seq):
-            prem = self._tree_terms(dop, self.trees[v.seq], v.rank)
+        if dop is not None and dop.kind == "add" and sop is not None and sop.kind == "add":
+            prem = self._tree_terms(dop, self._sum_nodes(v.seq), v.rank)
             if prem:
                 return Step(v, "sum re-associated (sum_trees.dl)", _loc(dop),
                             [self.step(p, depth - 1, seen) for p in prem])
         return Step(v, "constant or iota", _loc(dop) if dop else "")
 
-    def _tree_terms(self, add: Op, roots: set[int], r: int) -> list[ViewFact] | None:
-        """The views of the terms a distributed tree of adds sums, each a node of a sum
-        tree of `roots` (the adds between them have no view of their own)."""
+    def _sum_nodes(self, s: int) -> set[int]:
+        """s and the sequential values its adds add up (the nodes of its sum tree, and
+        of the adds under it)."""
+        nodes, todo = {s}, [s]
+        while todo:
+            p = self.sprod.get(todo.pop())
+            for i in p.inputs if p is not None and p.kind == "add" else ():
+                if i not in nodes:
+                    nodes.add(i)
+                    todo.append(i)
+        return nodes
+
+    def _tree_terms(self, add: Op, nodes: set[int], r: int) -> list[ViewFact] | None:
+        """The views of the terms a distributed tree of adds sums, each a sequential value
+        in `nodes` (the adds between them have no view of their own)."""
         out: list[ViewFact] = []
         for t in add.inputs:
-            ws = [w for w in self.by_dist.get((t, r), [])
-                  if w.partial is None and self.trees.get(w.seq, set()) & roots]
+            ws = [w for w in self.by_dist.get((t, r), []) if w.partial is None and w.seq in nodes]
             inner = self.dprod.get(t)
             if ws:
                 out.append(ws[0])
             elif inner is not None and inner.kind == "add":
-                sub = self._tree_terms(inner, roots, r)
+                sub = self._tree_terms(inner, nodes, r)
                 if sub is None:
                     return None
                 out += sub
