@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dlverify.ir import Op
+from dlverify.ir import Op, literal_value
 
 if TYPE_CHECKING:
     from dlverify.simplify import _Simplifier
@@ -55,13 +55,8 @@ def compiled_forms(s: "_Simplifier", op: Op) -> bool:
 
 def _bool_splat(s: "_Simplifier", t: int) -> float | None:
     """The one value (0.0 or 1.0) a boolean constant, or a broadcast of one, holds."""
-    op = s.producer.get(t)
-    if op is not None and op.kind == "broadcast_in_dim":
-        op = s.producer.get(op.inputs[0])
-    if op is None or op.kind != "constant" or op.params.get("value") is None:
-        return None
-    v = np.asarray(op.params["value"])
-    if v.size == 0 or v.dtype != np.bool_ or not (np.all(v) or not np.any(v)):
+    v = literal_value(s.producer, t, ("broadcast_in_dim",))
+    if v is None or v.size == 0 or v.dtype != np.bool_ or not (np.all(v) or not np.any(v)):
         return None
     return float(bool(v.flat[0]))
 

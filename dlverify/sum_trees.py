@@ -58,7 +58,7 @@ def sum_parts(g: Graph) -> list[tuple[int, int, int, int]]:
             readers[t] = op
     adds = [op for op in g.ops if op.kind == "add" and len(op.inputs) == 2]
     add_out = {op.output for op in adds}
-    # an inner add: read once, by an add, and of the same shape as its reader
+    # an inner add: read once, by an add, and no output (its leaves' shapes are checked per tree)
     inner = {op.output for op in adds if uses[op.output] == 1 and op.output not in g.outputs
              and readers.get(op.output) is not None and readers[op.output].output in add_out}
     producer = {op.output: op for op in adds}
@@ -72,7 +72,6 @@ def sum_parts(g: Graph) -> list[tuple[int, int, int, int]]:
         shape = g.tensors[root.output].shape
         if any(g.tensors[t].shape != shape for t in leaves):
             continue
-        masks: dict[int, int] = {}
         pos = 0
 
         def mask_of(t: int) -> int:   # post-order: the leaves in the order _leaves lists them
