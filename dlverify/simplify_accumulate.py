@@ -19,17 +19,31 @@ but the contracted pair (l, k) (concatenated along it) makes the sum one dot
 whose micro-batch pair the rank holds whole: its rows are the one partial range
 left. A dot whose output has a size-1 dim j (a free dim of one operand, or a
 batch pair of size 1) is first read as the dot contracting that dim with a new
-size-1 dim of the other operand (of the pair), its output reshaped to insert j
-back: the sum of size-1 slices along j is a contraction over j. A sum whose
-operand is such a reshaped dot (the accumulation of three or more micro-batches)
-meets the next dot the same way.
+size-1 dim of the other operand (of the pair): the sum of size-1 slices along j
+is a contraction over j. The merged dot, read as it is (its first contracted
+pair the micro-batch one), meets the next micro-batch's dot the same way (the
+accumulation of three or more micro-batches), also through a reshape that only
+inserts or deletes size-1 dims of either.
+
+Each dot is compared in one normal form whatever its operands' layout and its
+transient size-1 dims: operands in the standard order (lhs: batch, free,
+contracted; rhs: batch, contracted, free), size-1 free dims and size-1 batch
+pairs deleted. The partitioner's micro-batch i is a dot batched over a size-1
+micro-batch dim ([1, d, b] against [1, b, f]), the merge of the earlier ones
+contracts [d, m, b] against [m, b, f]; the unit-dim rules of simplify_forms.py
+pass a dot through [1, d, 1, f] on the way: all read alike.
 
 Only where both operands of an add are dots (or such reshapes of dots) related
-by one contracted pair, lifted from the same output dim j: a size-1 dim alone is
-ambiguous (a batch of one group on a rank is a batch dim: simplify_forms.py), a
-sum over it is not. Dots of equal shapes with no size-1 dim are left alone (which
-pair to concatenate along is then a choice, and the partial rules relate such
-sums of adjacent ranges already: datalog/partials.dl).
+by one contracted pair, one of them lifted from a size-1 output dim: a size-1
+dim alone is ambiguous (a batch of one group on a rank is a batch dim:
+simplify_forms.py), a sum over it is not. Dots of equal shapes with no size-1
+dim are left alone (which pair to concatenate along is then a choice, and the
+partial rules relate such sums of adjacent ranges already: datalog/partials.dl).
+
+`summed_accumulation`: XLA's unrolled scan over a sharded batch completes each
+micro-batch's weight gradient by its own all-reduce before adding it to the
+accumulator; psum(x) + psum(y) over the same groups is psum(x + y), taken where
+x + y is such a sum of micro-batch dots, so the merged contraction is summed once.
 
 The lifted lhs of the compiled micro-batch reads reshape(transpose(reshape(x))),
 XLA having deleted x's size-1 micro-batch dim before transposing the rows:
@@ -44,8 +58,8 @@ would have to encode over a flattened pair; as one dot, the rank holds the
 micro-batch pair whole and its rows' range is a plain partial term (contraction.dl).
 
 Each an identity of real arithmetic or data movement for every input, applied to
-both graphs alike; tests/test_simplify_accumulate.py checks them numerically and
-where they must not fire.
+both graphs alike; tests/test_simplify_accumulate.py and
+tests/test_accumulate_layouts.py check them numerically and where they must not fire.
 """
 from __future__ import annotations
 
@@ -58,102 +72,177 @@ if TYPE_CHECKING:
     from dlverify.simplify import _Simplifier
 
 
+Pair = tuple[int, int]
+Shape = tuple[int, ...]
+
+
 @dataclass(frozen=True)
-class _Lifted:
-    """A dot read with its micro-batch pair first among its contracted pairs: the
-    operands, whether one gets a size-1 dim inserted first (side, position), the
-    dimension numbers, the output shape and the output dim j it was lifted from."""
+class _Form:
+    """A dot's dimension numbers over its operands' shapes: the batch and contracted
+    pairs (lhs dim, rhs dim), in pair order."""
+
+    shapes: tuple[Shape, Shape]
+    batch: tuple[Pair, ...]
+    contract: tuple[Pair, ...]
+
+    def free(self, side: int) -> list[int]:
+        used = {p[side] for p in self.batch + self.contract}
+        return [d for d in range(len(self.shapes[side])) if d not in used]
+
+    def out(self) -> Shape:
+        """The result shape: batch dims, then the lhs's free dims, then the rhs's."""
+        l, r = self.shapes
+        return tuple([l[a] for a, _ in self.batch] + [l[d] for d in self.free(0)]
+                     + [r[d] for d in self.free(1)])
+
+    def params(self) -> dict:
+        return {"lhs_batch": tuple(a for a, _ in self.batch),
+                "rhs_batch": tuple(b for _, b in self.batch),
+                "lhs_contract": tuple(a for a, _ in self.contract),
+                "rhs_contract": tuple(b for _, b in self.contract)}
+
+
+def _renumbered(form: _Form, keep: tuple[list[int], list[int]],
+                shapes: tuple[Shape, Shape]) -> _Form:
+    """`form` over operands whose dims are `keep[side]` of the old ones (in that
+    order), of shapes `shapes`; pairs of dims not kept are dropped."""
+    new = [{d: i for i, d in enumerate(k)} for k in keep]
+
+    def pairs(ps):
+        return tuple((new[0][a], new[1][b]) for a, b in ps if a in new[0] and b in new[1])
+    return _Form(shapes, pairs(form.batch), pairs(form.contract))
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """A dot read as a contraction whose first contracted pair is the micro-batch
+    pair, in a normal form that does not depend on how its operands were laid
+    out: each operand (`ins`) reshaped to `shapes` (a size-1 dim inserted for a
+    lifted free dim, size-1 free dims and size-1 batch pairs deleted: a reshape
+    of size-1 dims only), then transposed by `perm` to the standard order (lhs:
+    batch, free, contracted; rhs: batch, contracted, free; batch and contracted
+    dims in pair order, free dims in their own, as simplify.py's dot_layout puts
+    them). The dot of `form` over the operands so moved is the same tensor up to
+    its size-1 dims (`form.out()` holds the sized dims of the dot's result in
+    their order). `lifted`: whether the micro-batch pair is a size-1 output dim
+    lifted into a contraction (else the dot as it is, the merge of earlier
+    micro-batches: it pairs only with a lifted dot)."""
 
     ins: tuple[int, int]
-    insert: tuple[int, int] | None
-    params: dict
-    out: tuple[int, ...]
-    j: int
-
-    def shape(self, s: "_Simplifier", side: int) -> tuple[int, ...]:
-        shape = s.shape(self.ins[side])
-        if self.insert is None or self.insert[0] != side:
-            return shape
-        pos = self.insert[1]
-        return shape[:pos] + (1,) + shape[pos:]
+    shapes: tuple[Shape, Shape]
+    perm: tuple[Shape, Shape]
+    form: _Form
+    lifted: bool
 
 
 def accumulate_forms(s: "_Simplifier", op: Op) -> bool:
     """Whether one of this module's rules replaced `op` (in `s`'s pass)."""
-    return accumulated_dots(s, op) or unit_reshapes_around_transpose(s, op)
+    return accumulated_dots(s, op) or summed_accumulation(s, op) \
+        or unit_reshapes_around_transpose(s, op)
 
 
-def _shifted(dims, pos: int) -> tuple[int, ...]:
-    """Dim numbers after a dim was inserted at `pos`."""
-    return tuple(d + 1 if d >= pos else d for d in dims)
-
-
-def _lift(s: "_Simplifier", dot: Op, j: int) -> _Lifted:
-    """`dot` with its size-1 output dim j contracted: a batch pair, or a free dim of
-    one operand against a size-1 dim inserted into the other before its contracted
-    dims."""
+def _form(s: "_Simplifier", dot: Op) -> _Form:
     p = dot.params
-    out = s.shape(dot.output)
-    lhs, rhs = dot.inputs
-    lb, rb = list(p["lhs_batch"]), list(p["rhs_batch"])
-    lc, rc = tuple(p["lhs_contract"]), tuple(p["rhs_contract"])
-    nb = len(lb)
-    lrank, rrank = len(s.shape(lhs)), len(s.shape(rhs))
-    lfree = [d for d in range(lrank) if d not in lb and d not in lc]
-    rfree = [d for d in range(rrank) if d not in rb and d not in rc]
-    q = dict(p)
-    insert = None
+    return _Form((s.shape(dot.inputs[0]), s.shape(dot.inputs[1])),
+                 tuple(zip(p["lhs_batch"], p["rhs_batch"])),
+                 tuple(zip(p["lhs_contract"], p["rhs_contract"])))
+
+
+def _insert_unit(form: _Form, side: int) -> _Form:
+    """`form` with a size-1 dim inserted at position 0 of operand `side`."""
+    shapes = list(form.shapes)
+    shapes[side] = (1,) + shapes[side]
+
+    def sh(ps):
+        return tuple((a + 1, b) if side == 0 else (a, b + 1) for a, b in ps)
+    return _Form((shapes[0], shapes[1]), sh(form.batch), sh(form.contract))
+
+
+def _lift(form: _Form, j: int) -> _Form:
+    """`form` with its size-1 output dim j contracted first: a batch pair, or a free
+    dim of one operand against a size-1 dim inserted into the other."""
+    nb, lfree, rfree = len(form.batch), form.free(0), form.free(1)
     if j < nb:
-        bl, br = lb.pop(j), rb.pop(j)
-        q["lhs_batch"], q["rhs_batch"] = tuple(lb), tuple(rb)
-        q["lhs_contract"], q["rhs_contract"] = (bl,) + lc, (br,) + rc
-    elif j < nb + len(lfree):
-        pos = nb                                  # rhs order: batch, contracted, free
-        insert = (1, pos)
-        q["rhs_batch"] = _shifted(rb, pos)
-        q["lhs_contract"] = (lfree[j - nb],) + lc
-        q["rhs_contract"] = (pos,) + _shifted(rc, pos)
-    else:
-        pos = lrank - len(lc)                     # lhs order: batch, free, contracted
-        insert = (0, pos)
-        q["lhs_batch"] = _shifted(lb, pos)
-        q["lhs_contract"] = (pos,) + _shifted(lc, pos)
-        q["rhs_contract"] = (rfree[j - nb - len(lfree)],) + rc
-    return _Lifted((lhs, rhs), insert, q, out[:j] + out[j + 1:], j)
+        return _Form(form.shapes, form.batch[:j] + form.batch[j + 1:],
+                     (form.batch[j],) + form.contract)
+    if j < nb + len(lfree):
+        f = _insert_unit(form, 1)
+        return _Form(f.shapes, f.batch, ((lfree[j - nb], 0),) + f.contract)
+    f = _insert_unit(form, 0)
+    return _Form(f.shapes, f.batch, ((0, rfree[j - nb - len(lfree)]),) + f.contract)
 
 
-def _readings(s: "_Simplifier", t: int) -> list[_Lifted]:
-    """The ways operand t of an add reads as a dot with a micro-batch pair: a dot
-    with a size-1 output dim j, lifted; or a reshape inserting one size-1 dim j
-    into a dot's result, that dot as it is (its first contracted pair the one
-    lifted before)."""
+def _squeezed(form: _Form) -> _Form:
+    """`form` without its size-1 batch pairs and size-1 free dims (neither moves an
+    element of the result); the contracted pairs stay, the micro-batch one first."""
+    drop = ({a for a, _ in form.batch if form.shapes[0][a] == 1}
+            | {d for d in form.free(0) if form.shapes[0][d] == 1},
+            {b for a, b in form.batch if form.shapes[0][a] == 1}
+            | {d for d in form.free(1) if form.shapes[1][d] == 1})
+    keep = tuple([d for d in range(len(form.shapes[side])) if d not in drop[side]]
+                 for side in (0, 1))
+    shapes = tuple(tuple(form.shapes[side][d] for d in keep[side]) for side in (0, 1))
+    return _renumbered(form, (keep[0], keep[1]), (shapes[0], shapes[1]))
+
+
+def _standard(form: _Form) -> tuple[tuple[Shape, Shape], _Form]:
+    """The permutations taking each operand to the standard order, and `form` over
+    the permuted operands."""
+    perms = []
+    for side in (0, 1):
+        batch = [p[side] for p in form.batch]
+        contract = [p[side] for p in form.contract]
+        free = form.free(side)
+        perms.append(batch + (free + contract if side == 0 else contract + free))
+    shapes = tuple(tuple(form.shapes[side][d] for d in perms[side]) for side in (0, 1))
+    moved = _renumbered(form, (perms[0], perms[1]), (shapes[0], shapes[1]))
+    return (tuple(perms[0]), tuple(perms[1])), moved
+
+
+def _reading(ins: tuple[int, int], form: _Form, lifted: bool) -> _Reading:
+    squeezed = _squeezed(form)
+    perm, std = _standard(squeezed)
+    return _Reading(ins, squeezed.shapes, perm, std, lifted)
+
+
+def _readings(s: "_Simplifier", t: int) -> list[_Reading]:
+    """The ways operand t of an add reads as a dot with a micro-batch pair: t is a
+    dot, or a reshape that only inserts or deletes size-1 dims of a dot's result
+    (the partitioner's [1, d, f] -> [d, f] before its all-reduce); the dot with a
+    size-1 output dim j lifted (one reading per such j), or as it is when it
+    contracts something (its first contracted pair the one lifted before)."""
     op = s.producer.get(t)
-    if op is None:
+    if op is not None and op.kind == "reshape" \
+            and _sized_dims(s.shape(op.inputs[0])) == _sized_dims(s.shape(t)):
+        op = s.producer.get(op.inputs[0])
+    if op is None or op.kind != "dot_general" or len(op.inputs) != 2:
         return []
-    if op.kind == "dot_general" and len(op.inputs) == 2:
-        return [_lift(s, op, j) for j, n in enumerate(s.shape(t)) if n == 1]
-    if op.kind != "reshape":
-        return []
-    dot = s.producer.get(op.inputs[0])
-    src, to = s.shape(op.inputs[0]), s.shape(t)
-    if dot is None or dot.kind != "dot_general" or len(dot.inputs) != 2 \
-            or not dot.params["lhs_contract"] or len(to) != len(src) + 1:
-        return []
-    return [_Lifted((dot.inputs[0], dot.inputs[1]), None, dict(dot.params), src, j)
-            for j in range(len(to)) if to[j] == 1 and to[:j] + to[j + 1:] == src][:1]
+    form, ins = _form(s, op), (op.inputs[0], op.inputs[1])
+    out = s.shape(op.output)
+    found = [_reading(ins, _lift(form, j), True) for j, n in enumerate(out) if n == 1]
+    if form.contract:
+        found.append(_reading(ins, form, False))
+    return found
 
 
-def _paired(s: "_Simplifier", a: _Lifted, b: _Lifted) -> bool:
-    """The two dots agree in every operand dim but their micro-batch pair."""
-    if a.params != b.params or a.out != b.out or a.j != b.j:
+def _paired(s: "_Simplifier", a: _Reading, b: _Reading) -> bool:
+    """The two dots agree in every operand dim but their micro-batch pair (one of
+    them lifted)."""
+    if not (a.lifted or b.lifted) or a.form.batch != b.form.batch \
+            or a.form.contract != b.form.contract or not a.form.contract:
         return False
-    for side, key in ((0, "lhs"), (1, "rhs")):
-        sx, sy = a.shape(s, side), b.shape(s, side)
-        m = a.params[f"{key}_contract"][0]
+    for side in (0, 1):
+        sx, sy = a.form.shapes[side], b.form.shapes[side]
+        m = a.form.contract[0][side]
         if len(sx) != len(sy) or any(u != v for d, (u, v) in enumerate(zip(sx, sy)) if d != m) \
                 or s.g.tensors[a.ins[side]].dtype != s.g.tensors[b.ins[side]].dtype:
             return False
     return True
+
+
+def _sized_dims(shape: Shape) -> list[int]:
+    """The sizes of `shape`'s dims that are not size 1, in order."""
+    return [n for n in shape if n != 1]
 
 
 def _sized(shape: tuple[int, ...]) -> list[int]:
@@ -206,29 +295,97 @@ def accumulated_dots(s: "_Simplifier", op: Op) -> bool:
     return False
 
 
-def _operand(s: "_Simplifier", r: _Lifted, side: int, like: Op) -> int:
-    """Operand `side` of the lifted dot (reshaped when it gets the size-1 dim)."""
+def _accumulates(s: "_Simplifier", x: int, y: int) -> bool:
+    """x + y is a sum of micro-batch dots that accumulated_dots merges."""
+    return any(_paired(s, a, b) for a in _readings(s, x) for b in _readings(s, y))
+
+
+def summed_accumulation(s: "_Simplifier", op: Op) -> bool:
+    """add(all_reduce(x), all_reduce(y)) as all_reduce(add(x, y)) when both sum over
+    the same groups and x + y is a sum of micro-batch dots (accumulated_dots then
+    merges it): on every rank the sum over its group of x plus that of y is the sum
+    over the group of x + y. The partitioner completes each micro-batch's weight
+    gradient by its own all-reduce before adding it to the accumulator (a scan over
+    micro-batches whose rows it shards), while the sequential program adds the
+    micro-batch dots, which the normal form merges into one contraction over
+    (micro-batch, rows); the rank's terms of the merged dot are one range of its
+    rows. dlverify/collective_sums.py splits the other way only the sums of
+    different reductions, never a micro-batch accumulation, so the two never undo
+    each other."""
+    if op.kind != "add" or len(op.inputs) != 2 or op.inputs[0] == op.inputs[1]:
+        return False
+    ars = [s.producer.get(t) for t in op.inputs]
+    if any(ar is None or ar.kind != "all_reduce" or len(ar.inputs) != 1 for ar in ars) \
+            or ars[0].params.get("reducer") != "sum" or ars[0].params != ars[1].params:
+        return False
+    x, y = ars[0].inputs[0], ars[1].inputs[0]
+    out = s.g.tensors[op.output]
+    if any(s.shape(t) != out.shape or s.g.tensors[t].dtype != out.dtype for t in (x, y)) \
+            or not _accumulates(s, x, y):
+        return False
+    total = s.new_op("add", [x, y], out.shape, out.dtype, {}, op)
+    s.new_op("all_reduce", [total], out.shape, out.dtype, ars[0].params, ars[0], output=op.output)
+    return True
+
+
+def _keeps_order(perm: Shape, shape: Shape) -> bool:
+    """Whether transposing `shape` by `perm` keeps its sized dims in their order (it
+    moves size-1 dims only: the same elements in the same row-major order)."""
+    sized = [d for d in perm if shape[d] != 1]
+    return sized == sorted(sized)
+
+
+def _unit_source(s: "_Simplifier", t: int) -> int:
+    """The tensor t is a reshape of through reshapes and transposes that only move,
+    insert or delete size-1 dims (a dot's transient unit-dim forms)."""
+    while True:
+        op = s.producer.get(t)
+        if op is None or op.kind not in ("reshape", "transpose") \
+                or _sized_dims(s.shape(op.inputs[0])) != _sized_dims(s.shape(t)) \
+                or (op.kind == "transpose"
+                    and not _keeps_order(op.params["permutation"], s.shape(op.inputs[0]))):
+            return t
+        t = op.inputs[0]
+
+
+def _operand(s: "_Simplifier", r: _Reading, side: int, like: Op) -> int:
+    """Operand `side` of the reading: reshaped (size-1 dims only), then permuted to
+    the standard order; or the tensor it only moves size-1 dims of, when that
+    tensor has the standard shape already (the merge then reads the value the
+    other program's micro-batches have, not a transient unit-dim form of it)."""
     t = r.ins[side]
-    if r.insert is None or r.insert[0] != side:
+    dtype = s.g.tensors[t].dtype
+    if _keeps_order(r.perm[side], r.shapes[side]):
+        src = _unit_source(s, t)
+        if s.shape(src) == r.form.shapes[side]:
+            return src
+    if s.shape(t) != r.shapes[side]:
+        t = s.new_op("reshape", [t], r.shapes[side], dtype, {}, like)
+    if r.perm[side] == tuple(range(len(r.perm[side]))):
         return t
-    return s.new_op("reshape", [t], r.shape(s, side), s.g.tensors[t].dtype, {}, like)
+    return s.new_op("transpose", [t], r.form.shapes[side], dtype,
+                    {"permutation": r.perm[side]}, like)
 
 
-def _emit(s: "_Simplifier", op: Op, a: _Lifted, b: _Lifted) -> bool:
+def _emit(s: "_Simplifier", op: Op, a: _Reading, b: _Reading) -> bool:
     """`op` as the dot of a's and b's operands concatenated along the micro-batch
-    pair, reshaped to op's shape (the lifted dim j inserted back)."""
+    pair, reshaped to op's shape (its size-1 dims put back)."""
     dtype = s.g.tensors[op.output].dtype
     ins = []
-    for side, key in ((0, "lhs"), (1, "rhs")):
-        m = a.params[f"{key}_contract"][0]
+    for side in (0, 1):
+        m = a.form.contract[0][side]
         x, y = _operand(s, a, side, op), _operand(s, b, side, op)
         shape = tuple(u + v if d == m else u
                       for d, (u, v) in enumerate(zip(s.shape(x), s.shape(y))))
         ins.append(s.new_op("concatenate", [x, y], shape, s.g.tensors[x].dtype, {"dimension": m},
                             op))
-    total = s.new_op("dot_general", ins, a.out, dtype, a.params, op)
+    if a.form.out() == s.shape(op.output):
+        s.new_op("dot_general", ins, a.form.out(), dtype, a.form.params(), op, output=op.output)
+        return True
+    total = s.new_op("dot_general", ins, a.form.out(), dtype, a.form.params(), op)
     s.new_op("reshape", [total], s.shape(op.output), dtype, {}, op, output=op.output)
     return True
 
 
-__all__ = ["accumulate_forms", "accumulated_dots", "unit_reshapes_around_transpose"]
+__all__ = ["accumulate_forms", "accumulated_dots", "summed_accumulation",
+           "unit_reshapes_around_transpose"]
