@@ -31,6 +31,11 @@ complete it. The families (datalog/partials.dl, datalog/update.dl):
   along its axis a and whose other operand v is added by the rank holding term 0
   (zeros elsewhere: a bias on rank 0 before the all-reduce); F(0) = R(0) + v,
   F(k) = R(k) for k > 0, R the reduction's terms;
+- PROD_BASE + ((n*8 + i)*2 + t)*8 + a: dot_general `op` holding one aligned block of n
+  indices of its partially held contracted pair i, of an operand t that is partial over
+  the family (p, a), p the reduction t's sequential operand comes from (red_root);
+  F(b * K + k), K the size of (p, a), is `op` restricted to block b of pair i, of term
+  k of operand t;
 - GROUP_BASE + (g0 * RADIX + t) * RADIX + m: `op` is a distributed collective and
   its groups g0, g0 + t, ..., g0 + (m-1) t a class whose members' operands, visited
   as slots (member q of the j-th group is slot q * m + j), tile the range of one
@@ -46,6 +51,8 @@ from dataclasses import dataclass
 
 from dlverify import schema as S
 from dlverify.ir import Graph, Op
+from dlverify.ops import KINDS
+from dlverify.ops.export import reduction
 
 # Declared once in schema.py, generated into datalog/schema.dl (Tag_FlatBase, ...).
 FLAT_BASE = S.TAG_FLAT_BASE
@@ -56,6 +63,7 @@ ACC_BASE = S.TAG_ACC_BASE
 CAT_BASE = S.TAG_CAT_BASE
 HELD_BASE = S.TAG_HELD_BASE
 MASK2_BASE = S.TAG_MASK2_BASE
+PROD_BASE, PROD_AXES = S.TAG_PROD_BASE, S.TAG_PROD_AXES
 GROUP_BASE = S.TAG_GROUP_BASE
 GROUP_RADIX = S.TAG_GROUP_RADIX
 TRANS_BASE = S.TAG_TRANS_BASE
@@ -89,6 +97,23 @@ def _operand_family(seq: Graph, op: Op | None, i: int, axis: int) -> int | None:
     return None if p is None else full_size(seq, p.id, axis)
 
 
+def red_root(seq: Graph, tensor: int) -> Op | None:
+    """The reduction whose output `tensor` is through ops of one operand (datalog's
+    Red_Root; adds of a zero, which it also passes, are not followed here)."""
+    seen = set()
+    while tensor not in seen:
+        seen.add(tensor)
+        p = _producer(seq, tensor)
+        if p is None:
+            return None
+        if p.kind == "dot_general" or KINDS[p.kind].export is reduction:
+            return p   # the kinds that export Contract_Size
+        if len(p.inputs) != 1:
+            return None
+        tensor = p.inputs[0]
+    return None
+
+
 def full_size(seq: Graph, op_id: int, axis: int) -> int | None:
     """The number of terms of the family (op, axis): of the sequential graph, or
     (GROUP_BASE) of a class of a collective's groups, whose count the axis holds.
@@ -103,6 +128,12 @@ def full_size(seq: Graph, op_id: int, axis: int) -> int | None:
     op = _op(seq, op_id)
     if op is None:
         return None
+    if PROD_BASE <= axis < GROUP_BASE:   # blocks of a contracted pair times terms
+        p = prod_family(axis)
+        root = red_root(seq, op.inputs[p.operand]) if p.operand < len(op.inputs) else None
+        m = full_size(seq, op_id, p.pair)
+        k = None if root is None else full_size(seq, root.id, p.axis)
+        return None if m is None or k is None or m % p.block else m // p.block * k
     if MASK2_BASE <= axis < GROUP_BASE:   # two masked dims, flattened
         k_out, k_in = divmod(axis - MASK2_BASE, PAIR)
         n_out, n_in = _dim(seq, op.output, k_out), _dim(seq, op.output, k_in)
@@ -177,3 +208,27 @@ def reindexing(axis: int) -> Reindexing:
     rest, ax = divmod(axis - TRANS_BASE, PAIR)
     block, stride = divmod(rest, TRANS_RADIX)
     return Reindexing(ax, block, stride)
+
+
+@dataclass(frozen=True)
+class ProdFamily:
+    """A PROD_BASE tag axis: blocks of `block` indices of contracted pair `pair`, times
+    the terms of operand `operand`'s reduction along its axis `axis`."""
+
+    block: int
+    pair: int
+    operand: int
+    axis: int
+
+
+def prod_axis(block: int, pair: int, operand: int, axis: int) -> int:
+    """The tag axis of a product family (see ProdFamily)."""
+    return PROD_BASE + ((block * PROD_AXES + pair) * 2 + operand) * PROD_AXES + axis
+
+
+def prod_family(axis: int) -> ProdFamily:
+    """The product family a PROD_BASE tag axis names."""
+    rest, ax = divmod(axis - PROD_BASE, PROD_AXES)
+    rest, operand = divmod(rest, 2)
+    block, pair = divmod(rest, PROD_AXES)
+    return ProdFamily(block, pair, operand, ax)

@@ -253,6 +253,7 @@ def rewrite_graph(graph: Graph, ids: IdAllocator) -> bool:
 def rewrite(problem: Problem) -> None:
     """Rewrite both graphs of `problem` in place."""
     from dlverify.const_layout import fold_constant_layouts
+    from dlverify.cell_groups import split_repeated_cells
     from dlverify.collective_sums import split_summed_adds
     from dlverify.cse import merge_common_values
     from dlverify.gather_batching import batch_unit_offset_dims
@@ -283,6 +284,8 @@ def rewrite(problem: Problem) -> None:
             _drop_newly_dead(g, before)
     rewrite_masked_gathers(problem)
     if split_summed_adds(problem.dist, problem.ids):   # psum(a + b) -> psum(a) + psum(b)
+        _drop_newly_dead(problem.dist, unused[1])
+    if split_repeated_cells(problem.dist, problem.ids, problem.mesh):   # psum of shared cells: 2 levels
         _drop_newly_dead(problem.dist, unused[1])
     if rewrite_reshardings(problem):
         _drop_newly_dead(problem.dist, unused[1])
