@@ -39,6 +39,28 @@ def _alias(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
     return list(ins)
 
 
+@exporter("reshard")
+def _reshard(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
+    """`jax.sharding.reshard(x, dst_sharding)` (jax/_src/pjit.py, JAX 0.10.2: its abstract
+    eval only sets the aval's sharding, its lowering is a sharding annotation of the
+    same value). Outside shard_map the walk is of global arrays, every rank computing
+    the global value (frontends/jaxpr/shard_map.py): where the value lives does not
+    change it, so it is the identity; `jax.grad` of a jit writes it on the cotangent
+    seed. Inside shard_map the value is the rank's block: a spec naming a mesh axis
+    would reshard over axes left to the compiler (a partly manual shard_map), which
+    the walk does not model."""
+    (x,), (out,) = eqn.invars, eqn.outvars
+    if tuple(x.aval.shape) != tuple(out.aval.shape) or x.aval.dtype != out.aval.dtype:
+        raise InputError(f"reshard from {x.aval} to {out.aval} changes more than the sharding",
+                         *_where(eqn))
+    spec = getattr(eqn.params.get("dst_sharding"), "spec", None)
+    if ctx.in_shard_map and (spec is None or any(e is not None for e in spec)):
+        raise UnknownOpError(f"reshard to {eqn.params.get('dst_sharding')} inside shard_map "
+                             f"(over axes the shard_map leaves to the compiler) is not "
+                             f"supported", *_where(eqn))
+    return list(ins)
+
+
 @exporter("convert_element_type")
 def _convert(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
     kind = convert_kind(np.dtype(eqn.invars[0].aval.dtype).name, np.dtype(eqn.params["new_dtype"]).name)

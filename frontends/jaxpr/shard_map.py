@@ -11,7 +11,12 @@ and results:
   (`axis_index`), the row-major position over the axes of each dim;
 * exit: the blocks of each result are assembled per `out_specs`, one tiled
   `all_gather` per sharded dim over that dim's axes (a replicated result is
-  each rank's own value, as the output relation then requires of every rank).
+  each rank's own value, as the output relation then requires of every rank);
+* an assembled result taken back by a later shard_map along the same mesh axes
+  (the residuals `jax.grad` passes from the forward shard_map to the backward
+  one, stacked over the ranks) is each rank's own block, not a slice of the
+  gathered value: the gather then the slice at the rank's position is the
+  identity, and the stacked copies relate to nothing sequential.
 
 The top-level inputs and outputs are global arrays on every rank, so the
 relations at the boundary are plain replication; everything else is derived
@@ -81,12 +86,24 @@ def _block_start(ctx: Ctx, axes: tuple[str, ...], local: int, loc: SourceLoc) ->
     return ctx.b.op("mul", [idx, _int(ctx, local, loc)], (), "int32", {}, loc, "shard_map")
 
 
+def _dim_axes(spec: Any, rank: int) -> tuple[tuple[str, ...], ...]:
+    """The mesh axes each of `rank` dims is split over by `spec` (() when whole)."""
+    entries = list(spec_entries(spec)) + [None] * (rank - len(spec_entries(spec)))
+    return tuple(tuple(axes_of(e)) for e in entries)
+
+
 def _take_block(ctx: Ctx, t: int, spec: Any, loc: SourceLoc, what: str) -> int:
     assert ctx.mesh is not None
     ten = ctx.b.graph.tensors[t]
     rel = spec_relation(ten.shape, spec_entries(spec), ctx.mesh, what)
     if rel.is_replicated():
         return t
+    block, axes = ctx.assembled.get(t, (None, None))
+    if block is not None and axes == _dim_axes(spec, ten.rank):
+        # t was assembled by an earlier shard_map's exit from the ranks' blocks along
+        # the same axes: the rank's block of the gathered tensor is its own block
+        # (gather then slice at the rank's position is the identity, exactly)
+        return block
     entries = list(spec_entries(spec)) + [None] * (ten.rank - len(spec_entries(spec)))
     starts = [_block_start(ctx, axes_of(e), n, loc) if axes_of(e) else _int(ctx, 0, loc)
               for e, n in zip(entries, rel.dist_shape)]
@@ -120,4 +137,10 @@ def _shard_map(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
     local = [_take_block(ctx, t, spec, loc, f"in_specs[{i}]")
              for i, (t, spec) in enumerate(zip(ins, p["in_specs"]))]
     outs = walk(replace(ctx, in_shard_map=True), p["jaxpr"], local)
-    return [_assemble(ctx, t, spec, loc) for t, spec in zip(outs, p["out_specs"])]
+    results = []
+    for t, spec in zip(outs, p["out_specs"]):
+        whole = _assemble(ctx, t, spec, loc)
+        if whole != t:
+            ctx.assembled[whole] = (t, _dim_axes(spec, ctx.b.graph.tensors[t].rank))
+        results.append(whole)
+    return results

@@ -75,6 +75,11 @@ class Ctx:
     # values known before run time, and the rows of stacks built by unrolled scans
     known: KnownValues = field(default_factory=KnownValues)
     stacks: dict[int, list[int]] = field(default_factory=dict)
+    # shard_map results assembled from the ranks' blocks: global tensor -> (the rank's
+    # block, the spec's mesh axes per dim), so a later shard_map that takes the same
+    # blocks back (the residuals jax.grad passes from the forward shard_map to the
+    # backward one) reads the rank's block itself (frontends/jaxpr/shard_map.py)
+    assembled: dict[int, tuple[int, tuple[tuple[str, ...], ...]]] = field(default_factory=dict)
     # the scans exported as summaries (dlverify/induction.py ScanSide) when this
     # walk verifies scans by induction; None: scans are unrolled
     scans: list[Any] | None = None
