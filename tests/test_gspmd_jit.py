@@ -218,12 +218,6 @@ def test_an_embedding_lookup_with_the_hidden_dim_sharded_by_jit_verifies():
     assert res.verified, [f.message for f in res.failures[:2]]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "gradient accumulation by lax.scan over micro-batches whose batch dim is sharded: "
-    "simplify_accumulate.py merges the sequential micro-batch weight-gradient dots into one "
-    "contraction over (micro-batch, batch) with operands laid out [d, m, b], while the "
-    "partitioned module's dots keep the micro-batch dim first ([m, d, b], [1, f, b]): the "
-    "merged contractions do not pair (the transposes at the value_and_grad line)"))
 def test_gradient_accumulation_by_scan_jitted_with_a_sharded_batch_verifies():
     def step(x, y, w1, w2):
         def micro(acc, xy):
