@@ -297,3 +297,7 @@ def rewrite(problem: Problem) -> None:
     if problem.normal_form:   # last: the rewrites above match the programs' own structure
         simplify_graph(problem.seq, problem.ids, problem.assumptions, problem.notes)
         simplify_graph(problem.dist, problem.ids, problem.assumptions, problem.notes)
+        # (again: a compiled psum(a + b) may read the add through a reshape the normal
+        # form sank out of it)
+        if split_summed_adds(problem.dist, problem.ids):
+            _drop_newly_dead(problem.dist, unused[1])

@@ -26,10 +26,20 @@ optimisations another, brought to one form.
   root as a product with rsqrt.
 * a select of the boolean constants is its predicate (or the predicate's negation):
   XLA folds `select(p, true, false)` to `p`.
+* a chain of reductions of one kind of a reshape, that together reduce whole groups of
+  the reshape, is the one reduction of the reshape's operand over those groups: XLA's
+  CPU tree reduction rewriter splits a long reduce (`sum(x, d)`, d of n > 32) into a
+  reduce-window of tiles of 32 (the HLO frontend: the reduction of x reshaped to
+  [.., n/32, 32, ..] over the 32s) and a reduce of the tiles' results. Not a
+  general merge of two reductions: where one side sums a sharded dim, then
+  all-reduces, then sums the others, its inner sums are values the other side must
+  keep (a vocabulary-parallel loss); where the other side merged them (XLA's
+  algebraic simplifier, with no collective between), the two stay apart.
 
 Each is an identity of real arithmetic for every input, applied to both graphs
-alike; tests/test_moe_compiled.py checks each numerically and where it must not
-fire. No rule makes a dot, a multiplication of booleans, a sort or an rsqrt, so none
+alike; tests/test_moe_compiled.py (the reduction of tiles: tests/test_compiled_forms.py)
+checks each numerically and where it must not fire. No rule makes a dot, a
+multiplication of booleans, a sort, an rsqrt or a reduction of a reduction, so none
 undoes another.
 """
 from __future__ import annotations
@@ -39,6 +49,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dlverify.ir import Op, literal_value
+from dlverify.simplify_forms import _SET_REDUCTIONS, _reshape_groups
 
 if TYPE_CHECKING:
     from dlverify.simplify import _Simplifier
@@ -50,7 +61,8 @@ _FLIPS = frozenset({"neg", "not"})
 def compiled_forms(s: "_Simplifier", op: Op) -> bool:
     """Whether one of this module's rules replaced `op` (in `s`'s pass)."""
     return (dot_without_contraction(s, op) or mask_of_masks(s, op) or whole_dim_top_k(s, op)
-            or rsqrt_as_reciprocal(s, op) or select_of_booleans(s, op))
+            or rsqrt_as_reciprocal(s, op) or select_of_booleans(s, op)
+            or reduction_of_tiles(s, op))
 
 
 def _bool_splat(s: "_Simplifier", t: int) -> float | None:
@@ -167,6 +179,63 @@ def whole_dim_top_k(s: "_Simplifier", op: Op) -> bool:
                       op, output=op.output if which == 1 else None)
     if which == 0:
         s.new_op(flip.kind, [values], out.shape, out.dtype, {}, op, output=op.output)
+    return True
+
+
+def _chain_to_reshape(s: "_Simplifier", op: Op) -> tuple[Op, set[int]] | None:
+    """When op, a set reduction no reduction of its kind reads, reduces a chain of
+    reductions of its kind (one or more) of a reshape: that reshape and every axis the
+    chain reduces, in the reshape's numbering; else None."""
+    if op.kind not in _SET_REDUCTIONS or any(o.kind == op.kind for o in s.readers(op.output)):
+        return None                     # (not the chain's last: its reader takes the chain)
+    chain = [op]
+    while True:
+        p = s.producer.get(chain[-1].inputs[0])
+        if p is None or p.kind != op.kind or len(p.inputs) != 1:
+            break
+        chain.append(p)
+    r = s.producer.get(chain[-1].inputs[0])
+    if len(chain) < 2 or r is None or r.kind != "reshape":
+        return None
+    axes: set[int] = set()
+    for red in reversed(chain):         # the innermost first: its axes are the reshape's
+        kept = [d for d in range(len(s.shape(r.output))) if d not in axes]
+        axes |= {kept[b] for b in red.params["axes"]}
+    return r, axes
+
+
+def reduction_of_tiles(s: "_Simplifier", op: Op) -> bool:
+    """`red(...red(reshape(x), A1)..., An)` is `reshape(red(x, C))` for one set
+    reduction `red` (reducing a set in steps reduces its union: sums reassociate; max,
+    min, prod, and, or, xor alike), when A1 .. An (in the reshape's numbering) together
+    reduce every independent group of the reshape they touch whole (its size-1 dims
+    aside), C those groups' dims of x: the groups left are x's other dims in their
+    order, so a reshape (of size-1 dims only, mostly none) gives the result's shape."""
+    found = _chain_to_reshape(s, op)
+    if found is None:
+        return False
+    r, axes = found
+    x = r.inputs[0]
+    src, to = s.shape(x), s.shape(r.output)
+    groups = _reshape_groups(src, to)
+    if groups is None:
+        return False
+    reduced: list[int] = []
+    for gs, gt in groups:
+        if any(d in axes and to[d] != 1 for d in gt):
+            if not all(d in axes or to[d] == 1 for d in gt):
+                return False                # a group reduced in part: no reduction of x
+            reduced.extend(gs)
+        elif gt and all(d in axes for d in gt):
+            reduced.extend(gs)              # a group of size-1 dims, reduced whole
+    if not reduced:
+        return False
+    out = s.g.tensors[op.output]
+    left = tuple(n for d, n in enumerate(src) if d not in reduced)
+    t = s.new_op(op.kind, [x], left, out.dtype, {**op.params, "axes": tuple(reduced)}, op,
+                 output=op.output if left == out.shape else None)
+    if left != out.shape:
+        s.new_op("reshape", [t], out.shape, out.dtype, {}, op, output=op.output)
     return True
 
 

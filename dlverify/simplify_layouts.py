@@ -61,6 +61,15 @@ from dlverify.rewrites import _Rewriter
 from dlverify.simplify_forms import _merge_groups, _unit_deletion
 
 
+def _standard_operand(params: dict, key: str, rank: int) -> bool:
+    """Whether a dot reads its operand `key` (lhs, rhs) in simplify.dot_layout's order:
+    lhs batch, free, contracted dims; rhs batch, contracted, free dims."""
+    batch, contract = list(params[f"{key}_batch"]), list(params[f"{key}_contract"])
+    free = [d for d in range(rank) if d not in batch and d not in contract]
+    order = batch + (free + contract if key == "lhs" else contract + free)
+    return order == list(range(rank))
+
+
 def _permuted(values, perm) -> tuple:
     return tuple(values[j] for j in perm)
 
@@ -69,11 +78,13 @@ class _LayoutRules(_Rewriter):
     """The rules above, for `_Simplifier` (dlverify/simplify.py) to run in its pass."""
 
     late = False     # whether these rules run (see the module docstring)
-    _readers: dict[int, list[Op]] | None = None     # (_composed_by_reader's, once per pass)
+    _readers: dict[int, list[Op]] | None = None     # (`readers`', once per pass)
 
     def layouts(self, op: Op) -> bool:
         """Whether one of this module's rules replaced `op`."""
-        if op.kind == "transpose" and self.transposed_dot(op):
+        if op.kind == "transpose" and (self.transposed_dot(op) or self.unit_move_of_reshape(op)):
+            return True
+        if op.kind == "dot_general" and self.free_units_out_of_dot(op):
             return True
         if not self.late:
             return False
@@ -83,6 +94,65 @@ class _LayoutRules(_Rewriter):
             return False
         return (self.transpose_into_concatenate(op)
                 or self.transpose_into_slice(op) or self.transpose_into_elementwise(op))
+
+    def unit_move_of_reshape(self, op: Op) -> bool:
+        """A transpose of a reshape of x, x without size-1 dims: when it moves size-1
+        dims only (the sized dims keep their order) it moves no element and is one
+        reshape of x, row-major order kept (XLA splits a decoding step's q = x @ w into
+        [b, h, e, 1] and moves the query position of one before e; the program reshapes
+        to [b, h, e]); when the reshape only inserts size-1 dims into x = transpose(y),
+        it is x transposed by the order the transpose gives x's dims, then that reshape:
+        the two transposes compose (a bitcast between layouts, lowered as transpose,
+        reshape, transpose). A transpose of sized dims with no transpose under it stays
+        where it is, as simplify.py's layout rule leaves it."""
+        r = self.producer.get(op.inputs[0])
+        if r is None or r.kind != "reshape" or 1 in self.shape(r.inputs[0]):
+            return False                  # (the operand's own size-1 dims: unit_dims_into_dot's)
+        x, shape = r.inputs[0], self.shape(r.output)
+        sized = [d for d in op.params["permutation"] if shape[d] != 1]
+        dtype = self.g.tensors[op.output].dtype
+        if sized != sorted(sized):
+            under = self.producer.get(x)
+            if [n for n in shape if n != 1] != list(self.shape(x)) or under is None \
+                    or under.kind != "transpose":
+                return False              # (a transpose of regrouped dims, or with none to meet)
+            rank = {d: i for i, d in enumerate(sorted(sized))}   # r's sized dim -> x's dim
+            order = [rank[d] for d in sized]
+            x = self.new_op("transpose", [x], _permuted(self.shape(x), order), dtype,
+                            {"permutation": tuple(order)}, op)
+        self.new_op("reshape", [x], self.shape(op.output), dtype, {}, op, output=op.output)
+        return True
+
+    def free_units_out_of_dot(self, op: Op) -> bool:
+        """A dot operand reshape(x), x without size-1 dims, that regroups x's dims and
+        inserts size-1 dims the dot keeps free, is read as reshape(x) to its sized dims
+        alone: a free size-1 dim holds one position, so the dot's result differs by
+        size-1 dims only and is reshaped to its shape (XLA's decoding step reads q as
+        [b, h, 1, e]; the program's q is [b, h, e]). A reshape that only inserts or
+        moves size-1 dims is simplify_moves.unit_moves_out_of_dot's."""
+        if len(op.inputs) != 2:
+            return False
+        p = op.params
+        for side, key in ((0, "lhs"), (1, "rhs")):
+            r = self.producer.get(op.inputs[side])
+            if r is None or r.kind != "reshape":
+                continue
+            src, shape = self.shape(r.inputs[0]), self.shape(r.output)
+            roles = set(p[f"{key}_batch"]) | set(p[f"{key}_contract"])
+            sized = [d for d, n in enumerate(shape) if n != 1]
+            if 1 in src or len(sized) == len(shape) or roles - set(sized) \
+                    or tuple(shape[d] for d in sized) == src:
+                continue
+            at = {d: i for i, d in enumerate(sized)}
+            u = self.new_op("reshape", [r.inputs[0]], tuple(shape[d] for d in sized),
+                            self.g.tensors[r.output].dtype, {}, r)
+            q = dict(p)
+            for role in ("batch", "contract"):
+                q[f"{key}_{role}"] = tuple(at[d] for d in p[f"{key}_{role}"])
+            ins = list(op.inputs)
+            ins[side] = u
+            return self._dot_then_unit_reshape(op, ins, q)
+        return False
 
     def unit_insertion_into_broadcast(self, op: Op) -> bool:
         """A broadcast_in_dim of a reshape that only inserts size-1 dims broadcasts the
@@ -196,20 +266,29 @@ class _LayoutRules(_Rewriter):
                         {"permutation": tuple(residual)}, op, output=op.output)
         return True
 
-    def _composed_by_reader(self, t: int, moved: set[int]) -> bool:
-        """Whether a reader of t (as the pass began) takes t's layout into its own: a
-        transpose (composing the two), or a dot contracting one of t's dims `moved`
-        (the dot's batch dims: where t puts a dim summed away is the reader's to say)."""
+    def readers(self, t: int) -> list[Op]:
+        """The ops that read t as the pass began (a tensor made in this pass has none)."""
         if self._readers is None:
             self._readers = {}
             for o in self.g.ops:
                 for i in o.inputs:
                     self._readers.setdefault(i, []).append(o)
-        for o in self._readers.get(t, ()):
+        return self._readers.get(t, [])
+
+    def _composed_by_reader(self, t: int, moved: set[int]) -> bool:
+        """Whether a reader of t (as the pass began) takes t's layout into its own: a
+        transpose (composing the two), or a dot contracting one of t's dims `moved`
+        (the dot's batch dims: where t puts a dim summed away is the reader's to say)
+        that does not read t in the standard order yet (simplify.dot_layout is still
+        to compose the two; a dot reading t in that order keeps it, so the transpose
+        is split as the other side's is, where a reshape flattens the contracted dims
+        before the dot)."""
+        for o in self.readers(t):
             if o.kind == "transpose":
                 return True
             if o.kind == "dot_general" and len(o.inputs) == 2 and any(
                     o.inputs[side] == t and moved & set(o.params[f"{key}_contract"])
+                    and not _standard_operand(o.params, key, len(self.shape(t)))
                     for side, key in ((0, "lhs"), (1, "rhs"))):
                 return True
         return False

@@ -1,6 +1,7 @@
 """Contractions and reductions: dot, reduce (with its identity init check; a
-variadic argmax/argmin reduce: argreduce.py) and the reduce-window of a
-cumulative sum, product, max or min."""
+variadic argmax/argmin reduce: argreduce.py), the reduce-window of a
+cumulative sum, product, max or min, and a reduce-window whose windows tile
+its operand (lowered as pad, slice, reshape and reduce)."""
 from __future__ import annotations
 
 from typing import Any, TYPE_CHECKING
@@ -112,12 +113,71 @@ def _window(L: Lowerer, ins: HloInstruction, rank: int) -> dict[str, list]:
     return win
 
 
+def _identity_init(L: Lowerer, ins: HloInstruction, init: int, op: str) -> None:
+    """A reduce-window's init enters every window once: only the reducer's identity
+    leaves the windows' reductions unchanged."""
+    val = L.known.get(init)
+    if val is None or np.shape(val) != () or \
+            not any(np.asarray(val).item() == o for o in _identity_value(op, L.dtype_of(init))):
+        raise L.unknown(ins, f"reduce-window ({op}) whose init is not a known constant identity "
+                             f"of {op}")
+
+
+def _tiled(win: dict[str, list]) -> bool:
+    """Windows that tile the padded operand: stride = size on every dim, padding
+    not negative, no dilation or reversal (XLA's tree reduction rewriter)."""
+    return all(st == sz for st, sz in zip(win["stride"], win["size"])) and \
+        all(lo >= 0 and hi >= 0 for lo, hi in win["pad"]) and \
+        all(v == 1 for k in ("lhs_dilate", "rhs_dilate") for v in win[k]) and \
+        not any(win["rhs_reversal"])
+
+
+def _tiled_reduce(L: Lowerer, ins: HloInstruction, x: int, init: int, win: dict[str, list],
+                  loc: SourceLoc) -> int:
+    """Non-overlapping windows w_d: out[i] = reduce(xp[i*w : (i+1)*w]) with xp the
+    operand padded by the init (the identity) and cut to out_d * w_d. That is
+    pad, slice, reshape of every dim with w_d > 1 into (out_d, w_d), and the
+    reduction of the w_d dims: exactly the same values, in existing IR ops."""
+    op = L.reducer(ins, {k: k for k in _REDUCE_KINDS})
+    _identity_init(L, ins, init, op)
+    out = L.array_shape(ins)
+    shape, dt = L.shape_of(x), L.dtype_of(x)
+    padded = tuple(n + lo + hi for n, (lo, hi) in zip(shape, win["pad"]))
+    if len(out.dims) != len(shape) or any(
+            o != (p - w) // w + 1 for o, p, w in zip(out.dims, padded, win["size"])):
+        raise L.err(ins, f"reduce-window result {out.dims} does not fit window="
+                         f"{ins.attrs.get('window')} over {shape}")
+    t = x
+    if padded != shape:
+        t = L.emit("pad", [t, init], padded, dt,
+                   {"padding_config": tuple((lo, hi, 0) for lo, hi in win["pad"])}, loc, ins.name)
+    used = tuple(o * w for o, w in zip(out.dims, win["size"]))
+    if used != padded:   # the trailing elements no whole window covers
+        t = L.emit("slice", [t], used, dt, {"start_indices": (0,) * len(used),
+                                            "limit_indices": used, "strides": None},
+                   loc, ins.name)
+    # a dim of window 1 stays as it is; another splits into (windows, window size)
+    split: list[int] = []
+    axes: list[int] = []
+    for o, w in zip(out.dims, win["size"]):
+        split.append(o)
+        if w != 1:
+            axes.append(len(split))
+            split.append(w)
+    if tuple(split) != used:
+        t = L.emit("reshape", [t], tuple(split), dt, {}, loc, ins.name)
+    return L.emit(_REDUCE_KINDS[op], [t], out.dims, out.dtype, {"axes": tuple(axes)}, loc,
+                  ins.name)
+
+
 @handler("reduce-window")
 def _reduce_window(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
                    loc: SourceLoc) -> Val:
     """A prefix scan along one dim d of size n (jnp.cumsum, lax.cummax, ...):
     window n along d and 1 elsewhere, stride 1, padding (n-1, 0) along d (a
-    reverse scan: (0, n-1)), no dilation, the reducer's identity as init."""
+    reverse scan: (0, n-1)), no dilation, the reducer's identity as init; or
+    windows that tile the operand (stride = size: XLA's CPU tree reduction
+    rewriter splits a long reduce into a reduce-window of 32 and a reduce)."""
     if ins.shape.is_tuple or len(ops) != 2:
         raise L.unknown(ins, "variadic (tuple) reduce-window is not supported")
     x, init = L.tid(ins, ops[0]), L.tid(ins, ops[1])
@@ -128,17 +188,18 @@ def _reduce_window(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloCom
     n = shape[d] if d >= 0 else 0
     plain = all(v == 1 for k in ("stride", "lhs_dilate", "rhs_dilate") for v in win[k]) and \
         not any(win["rhs_reversal"])
-    if d < 0 or not plain or win["size"][d] != n or win["pad"][d] not in ((n - 1, 0), (0, n - 1)) \
-            or L.array_shape(ins).dims != shape:
+    scan = d >= 0 and plain and win["size"][d] == n and n > 1 and \
+        win["pad"][d] in ((n - 1, 0), (0, n - 1)) and L.array_shape(ins).dims == shape
+    if not scan and _tiled(win):
+        return _tiled_reduce(L, ins, x, init, win, loc)
+    if not scan:
         raise L.unknown(ins, f"reduce-window is supported only as a prefix scan along one dim "
                              f"(window n along it, 1 elsewhere, stride 1, padding (n-1, 0) or "
-                             f"(0, n-1), no dilation); this one has window={ins.attrs.get('window')}")
+                             f"(0, n-1), no dilation) or as windows that tile the operand "
+                             f"(stride = size, no dilation); this one has "
+                             f"window={ins.attrs.get('window')}")
     op = L.reducer(ins, {k: k for k in _SCAN_KINDS})
-    val = L.known.get(init)
-    if val is None or np.shape(val) != () or \
-            not any(np.asarray(val).item() == o for o in _identity_value(op, L.dtype_of(init))):
-        raise L.unknown(ins, f"reduce-window ({op}) whose init is not a known constant identity "
-                             f"of {op}")
+    _identity_init(L, ins, init, op)
     # the result's declared type, not the operand's: a convert from pred is an
     # identity of the IR (bools are 0/1 reals), so x may be bool while its
     # prefix sums are counts
