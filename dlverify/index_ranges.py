@@ -70,6 +70,31 @@ def subset(a: Intervals, b: Intervals) -> bool:
     return intersect(a, complement(b)) == ()
 
 
+def unit_reshape_dims(in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> dict[int, int] | None:
+    """For a reshape that only inserts, deletes or moves size-1 dims (the other dims
+    in order): where each operand dim lands in the result, as far as it does. A sized
+    dim lands on its sized dim; a size-1 dim on the first free size-1 result dim after
+    the image of the operand dim before it and before that of the next sized dim
+    (none there: it is deleted, and absent from the map). Row-major order puts the one
+    element of a size-1 dim anywhere: the choice keeps dims in order, and is the same
+    for every tensor of the two shapes. None when the reshape moves sized dims."""
+    src = [d for d, n in enumerate(in_shape) if n != 1]
+    dst = [d for d, n in enumerate(out_shape) if n != 1]
+    if [in_shape[d] for d in src] != [out_shape[d] for d in dst]:
+        return None
+    where = dict(zip(src, dst))
+    low = -1
+    for d in range(len(in_shape)):
+        if d in where:
+            low = where[d]
+            continue
+        high = next((where[e] for e in range(d + 1, len(in_shape)) if e in where), len(out_shape))
+        spot = next((e for e in range(low + 1, high) if out_shape[e] == 1), None)
+        if spot is not None:
+            where[d] = low = spot
+    return where
+
+
 @dataclass(frozen=True)
 class Affine:
     """t = broadcast(base, t.shape, dims) + offset[r] on rank r. `terms` are rank-0
@@ -172,19 +197,15 @@ class IndexFacts:
     def moved_dims(op: Op, dims: tuple[int, ...], in_shape: tuple[int, ...],
                     out_shape: tuple[int, ...]) -> tuple[int, ...] | None:
         """Where dims of a broadcast_in_dim / reshape operand land in its output
-        (reshapes only when they insert or drop size-1 dims)."""
+        (reshapes only when they insert, drop or move size-1 dims: unit_reshape_dims)."""
         if op.kind == "broadcast_in_dim":
             bd = op.params["broadcast_dimensions"]
             if any(in_shape[d] != out_shape[bd[d]] for d in dims):
                 return None
             return tuple(bd[d] for d in dims)
         if op.kind == "reshape":
-            src = [d for d, n in enumerate(in_shape) if n != 1]
-            dst = [d for d, n in enumerate(out_shape) if n != 1]
-            if [in_shape[d] for d in src] != [out_shape[d] for d in dst]:
-                return None
-            where = dict(zip(src, dst))
-            if any(d not in where for d in dims):
+            where = unit_reshape_dims(in_shape, out_shape)
+            if where is None or any(d not in where for d in dims):
                 return None
             return tuple(where[d] for d in dims)
         return None

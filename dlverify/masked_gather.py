@@ -30,8 +30,10 @@ XLA's SPMD partitioner writes the same lookup over a table whose indexed dim a
 appended), rows kept where the clamped id lies in the rank's range, gathered at
 clamp - first_r. Before the analysis, such a clamp of a reshape that only inserts
 size-1 dims is taken as the reshape of the clamp (elementwise ops commute with
-layouts), so that its base has the ids' dims. Its sequential lookup reads the ids
-unclamped: a take gathers at indices clamped into the table (XLA's gather
+layouts), so that its base has the ids' dims (size-1 dims of the ids too: a
+take_along_axis's labels[..., None], which index_ranges carries through reshapes
+like any dim). Its sequential lookup reads the ids unclamped: a take, and a
+take_along_axis, gathers at indices clamped into the table (XLA's gather
 semantics, and the shared evaluator's), so `take(x, reshape(ids))` is
 `take(x, reshape(clamp(0, ids, n - 1)))`, in bounds: rewritten alike.
 """
@@ -41,7 +43,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from dlverify.index_ranges import Affine, IndexFacts, Intervals, complement, intersect, shift, subset
+from dlverify.index_ranges import (Affine, IndexFacts, Intervals, complement, intersect, shift, subset,
+                                   unit_reshape_dims)
 from dlverify.ir import Graph, GraphBuilder, IdAllocator, Op, Tensor
 from dlverify.ops.dtypes import exact_dtype
 from dlverify.passes import fold
@@ -192,11 +195,11 @@ class _Graph:
             if any(d not in bd or src[bd.index(d)] != out[d] for d in dims):
                 return None
             return tuple(bd.index(d) for d in dims)
-        a = [d for d, n in enumerate(src) if n != 1]
-        b = [d for d, n in enumerate(out) if n != 1]
-        if [src[d] for d in a] != [out[d] for d in b] or any(d not in b for d in dims):
+        where = unit_reshape_dims(src, out)
+        back = {} if where is None else {e: d for d, e in where.items()}
+        if any(d not in back for d in dims):
             return None
-        return tuple(a[b.index(d)] for d in dims)
+        return tuple(back[d] for d in dims)
 
     def _case_on_kept(self, op: Op, base: int, dims: tuple[int, ...],
                       kept: tuple[Intervals, ...]) -> int | None:
@@ -407,9 +410,10 @@ class _Graph:
         return t
 
     def clamped_index(self, rg: RowGather) -> tuple[Affine, tuple[int, ...]] | None:
-        """A take's index reshape(y) (y with the size-1 index vector dim appended) as
-        clamp(0, y, n - 1), queued: the gather clamps its start indices into the table
-        (a row gather: slice size 1 along the dim), so both read the same rows."""
+        """A take's (or take_along_axis's) index reshape(y) (y with the size-1 index
+        vector dim appended) as clamp(0, y, n - 1), queued: the gather clamps its start
+        indices into the table (a row gather: slice size 1 along the dim; batching dims
+        start at their own index), so both read the same rows."""
         r = self.producer.get(rg.op.inputs[1])
         if r is None or r.kind != "reshape":
             return None
@@ -457,9 +461,10 @@ def _splat_scalar(g: Graph, producer: dict[int, Op], t: int) -> int | None:
 
 
 def _clamps_before_unit_reshapes(g: Graph, ids: IdAllocator) -> bool:
-    """clamp(lo, reshape(y), hi), the reshape only inserting size-1 dims and lo, hi
-    splats, is reshape(clamp(lo, y, hi)) (clamp is elementwise): XLA's partitioned
-    lookup clamps its ids after appending the index vector dim."""
+    """clamp(lo, reshape(y), hi), the reshape only inserting size-1 dims (y's own
+    size-1 dims kept or moved) and lo, hi splats, is reshape(clamp(lo, y, hi)) (clamp
+    is elementwise): XLA's partitioned lookup clamps its ids after appending the index
+    vector dim."""
     producer = {op.output: op for op in g.ops}
     out, changed = [], False
     b = GraphBuilder(Graph(g.name, tensors=g.tensors, ops=out), ids)
@@ -471,8 +476,7 @@ def _clamps_before_unit_reshapes(g: Graph, ids: IdAllocator) -> bool:
             continue
         y = r.inputs[0]
         src, dst = g.tensors[y].shape, g.tensors[r.output].shape
-        if [n for n in src if n != 1] != [n for n in dst if n != 1] or len(dst) <= len(src) or \
-                any(n == 1 for n in src):
+        if [n for n in src if n != 1] != [n for n in dst if n != 1] or len(dst) <= len(src):
             out.append(op)
             continue
         dtype = g.tensors[op.output].dtype
@@ -505,7 +509,7 @@ def _rewrite_in_bounds(gs: _Graph, skip: set[int]) -> tuple[dict[int, list[Op]],
         rg = _row_gather(gs.g, op)
         got = gs.in_bounds(rg) if rg is not None else None
         gs.pending = []
-        if got is None and rg is not None and not rg.along:
+        if got is None and rg is not None:
             got = gs.clamped_index(rg)
         if got is None:
             continue

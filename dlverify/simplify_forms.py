@@ -263,7 +263,9 @@ class _FormRules(_Rewriter):
         between its neighbours' (none: the reshape stays; a size-1 dim broadcast
         along a longer one is not the form the rules read, a splat is): XLA
         deletes the size-1 group dim of a rank's block before broadcasting it
-        back."""
+        back. Not a reshape to a scalar: a broadcast of a scalar is the splat form
+        the rules read (simplify.sink_reshape's), whatever size-1 dims the result has
+        (a clamp's bound on a take_along_axis's [b, s, 1] labels)."""
         if op.kind != "broadcast_in_dim":
             return False
         r = self.producer.get(op.inputs[0])
@@ -272,7 +274,7 @@ class _FormRules(_Rewriter):
         src = self.shape(r.inputs[0])
         found = _unit_deletion(src, self.shape(r.output))
         dims = list(op.params["broadcast_dimensions"])
-        if found is None or dims != sorted(dims):
+        if found is None or dims != sorted(dims) or not self.shape(r.output):
             return False
         kept, _ = found
         out = self.shape(op.output)

@@ -59,29 +59,40 @@ class _MoveRules(_FormRules):
                     layout.params, layout, output=op.output)
         return True
 
-    def _unit_moved(self, t: int) -> int | None:
-        """The tensor y when t is reshape(y), or transpose(reshape(y)), that only
-        moves, inserts or deletes size-1 dims (t's other dims are y's, in y's
-        order), and not a reshape deleting size-1 dims alone (unit_dims_into_dot's);
-        else None."""
+    def _unit_moved(self, t: int) -> tuple[int, tuple[int, ...] | None] | None:
+        """(y, q) when t is reshape(y), or transpose(reshape(y)), whose reshape only
+        moves, inserts or deletes size-1 dims, and not a reshape deleting size-1
+        dims alone (unit_dims_into_dot's): t's sized dims are y's, read in y's
+        order (q None) or in the order of transpose(y, q), q permuting y's sized
+        dims among their places (its size-1 dims stay). Else None. A transpose
+        moving sized dims is taken too: where a rank's block of a dim is size 1, the
+        distributed transpose moves only size-1 dims and the sequential one sized
+        ones, and both sides must reach one form."""
         op = self.producer.get(t)
+        perm = None
         if op is not None and op.kind == "transpose":
             perm = op.params["permutation"]
             op = self.producer.get(op.inputs[0])
-            if op is None or [d for d in perm if self.shape(op.output)[d] != 1] != sorted(
-                    d for d in perm if self.shape(op.output)[d] != 1):
-                return None                       # the transpose moves sized dims
         if op is None or op.kind != "reshape":
             return None
-        y = op.inputs[0]
-        if _unit_deletion(self.shape(y), self.shape(op.output)) is not None:
+        y, mid = op.inputs[0], self.shape(op.output)
+        if _unit_deletion(self.shape(y), mid) is not None \
+                or [n for n in mid if n != 1] != [n for n in self.shape(y) if n != 1]:
             return None
-        sized = [n for n in self.shape(y) if n != 1]
-        return y if [n for n in self.shape(t) if n != 1] == sized else None
+        if perm is None:
+            return y, None
+        rank = {d: k for k, d in enumerate(d for d, n in enumerate(mid) if n != 1)}
+        order = [rank[d] for d in perm if mid[d] != 1]     # y's k-th sized dim, as t reads them
+        if order == sorted(order):
+            return y, None
+        ysized = [d for d, n in enumerate(self.shape(y)) if n != 1]
+        moved = iter(ysized[k] for k in order)
+        return y, tuple(next(moved) if n != 1 else d for d, n in enumerate(self.shape(y)))
 
     def unit_moves_out_of_dot(self, op: Op) -> bool:
         """A dot operand that only moves, inserts or deletes size-1 dims of a tensor
-        y (`_unit_moved`) is replaced by y: its sized dims keep their roles, its
+        y (`_unit_moved`) is replaced by y (transposed as the operand reads its
+        sized dims): its sized dims keep their roles, its
         size-1 batch and contracted dims are taken by size-1 dims of y (any one:
         each holds the one element), y's other size-1 dims are free; the dot's
         result then differs by size-1 dims only and is reshaped to its shape. A
@@ -92,10 +103,12 @@ class _MoveRules(_FormRules):
         p = op.params
         for side, key in ((0, "lhs"), (1, "rhs")):
             t = op.inputs[side]
-            y = self._unit_moved(t)
-            if y is None:
+            found = self._unit_moved(t)
+            if found is None:
                 continue
-            shape, src = self.shape(t), self.shape(y)
+            y, q_perm = found
+            shape = self.shape(t)
+            src = self.shape(y) if q_perm is None else tuple(self.shape(y)[d] for d in q_perm)
             sized = iter(d for d, n in enumerate(src) if n != 1)
             units = iter(d for d, n in enumerate(src) if n == 1)
             at: dict[int, int] = {}               # a dim of t read -> the dim of y
@@ -107,6 +120,9 @@ class _MoveRules(_FormRules):
                     at[d] = next(units, None)
             if None in at.values():
                 continue                          # too few size-1 dims in y for the roles
+            if q_perm is not None:
+                y = self.new_op("transpose", [y], src, self.g.tensors[y].dtype,
+                                {"permutation": q_perm}, self.producer[t])
             q = dict(p)
             for role in ("batch", "contract"):
                 q[f"{key}_{role}"] = tuple(at[d] for d in p[f"{key}_{role}"])

@@ -12,6 +12,15 @@ where they must not fire.
   (dlverify/simplify_sink.py): XLA's [b, s, f] -> [b, s, 1, f] of a fused
   gate/up cotangent before its gather (its cases in tests/test_simplify.py; the
   one where it must not fire here).
+* size-1 dims: a dot operand transpose(reshape(y)) whose reshape only moves size-1
+  dims reads y transposed, also when the transpose moves sized dims
+  (simplify_moves.py; its cases in tests/test_simplify_moves.py): with one head per
+  rank the partitioned transpose of q moves size-1 dims only, the sequential one
+  sized dims. A take_along_axis's labels[..., None] keep their size-1 dim through the
+  reshapes to the clamped index (index_ranges.unit_reshape_dims), the clamp moves onto
+  them, and the sequential take_along_axis reads its labels clamped, as its gather
+  does (masked_gather.py); a broadcast of a scalar stays the splat form
+  (simplify_forms.unit_dims_into_broadcast). Each with a twin that must not verify.
 """
 import copy
 import sys
@@ -25,6 +34,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from test_simplify import _graph, _ranks_agree
 
 import dlverify
+from dlverify.index_ranges import unit_reshape_dims
 from dlverify.interpret import Interpreter
 from dlverify.ir import Graph, GraphBuilder, IdAllocator
 from dlverify.masked_gather import _clamps_before_unit_reshapes, _Graph, _rewrite_in_bounds, _splice
@@ -84,10 +94,15 @@ def test_a_gather_after_a_larger_dim_of_its_group_stays():
     "dim over 'fsdp', XLA shards each KV group's 2 query heads 1 per rank, and the normal "
     "form (simplify_forms.unit_dims_batched) batches the probabilities' size-1 slot block "
     "with v's size-1 KV-slot dim, which the sequential dot (2 slots) keeps as free dims: "
-    "the two dots no longer pair (attention_core's probs @ v, llama3.py:191)"))
+    "the two dots no longer pair (attention_core's probs @ v, llama3.py:191). Locally the "
+    "partitioned dot is the one-KV-head-per-rank dot that must batch (llama3_kv1_forward): "
+    "only the sequential side tells them apart. With that pairing left out, q still has no "
+    "view on ranks 0 and 1 (query slot 0): XLA reshards q's slot dim by a collective permute "
+    "(zeros on ranks 0 and 1), concatenated with the local slot and dynamic-sliced at a "
+    "per-rank offset (llama3.py:204), and no rule relates that slice of a concatenation whose "
+    "other piece has no view; the output projection (llama3.py:259) then holds partial terms "
+    "on ranks 2 and 3 only"))
 def test_llama_step_with_query_heads_split_over_fsdp_verifies():
-
-
     L = E.L   # examples/models/llama3.py, as the example file imports it
 
     cfg = L.SMALL._replace(layers=1)
@@ -166,6 +181,89 @@ def test_a_lookup_at_unproved_ids_is_the_one_hot_contraction_of_the_clamped_ids(
     _lookups_agree(before, g, (10, 3), (2, 5))
 
 
+def _along_graph(logits, clamped: bool):
+    """take_along_axis(logits, labels[..., None], axis=-1) as XLA writes it: the labels'
+    size-1 dim, then the index vector dim appended (clamped into the vocabulary first,
+    as the partitioner does, when asked)."""
+    alloc, g = IdAllocator(), Graph("g")
+    b = GraphBuilder(g, alloc)
+    x, y = b.tensor(logits, "float32", "x"), b.tensor(logits[:-1] + (1,), "int32", "labels")
+    g.inputs = [x, y]
+    idx_shape = logits[:-1] + (1, 1)
+    idx = b.op("reshape", [y], idx_shape, "int32")
+    if clamped:
+        lo = b.op("broadcast_in_dim", [b.constant(np.int32(0), (), "int32")], idx_shape, "int32",
+                  {"broadcast_dimensions": ()})
+        hi = b.op("broadcast_in_dim", [b.constant(np.array([logits[-1] - 1], np.int32), (1,), "int32")],
+                  idx_shape, "int32", {"broadcast_dimensions": (len(logits),)})
+        idx = b.op("clamp", [lo, idx, hi], idx_shape, "int32")
+    k = len(logits) - 1
+    g.outputs = [b.op("gather", [x, idx], logits[:-1] + (1,), "float32", {
+        "offset_dims": (), "collapsed_slice_dims": (k,), "start_index_map": (k,),
+        "operand_batching_dims": tuple(range(k)), "start_indices_batching_dims": tuple(range(k)),
+        "index_vector_dim": k + 1, "slice_sizes": (1,) * len(logits), "indices_are_sorted": False})]
+    return g, alloc
+
+
+def _picks_agree(before, g, logits):
+    """Same outputs on random logits and labels, many of them outside the vocabulary."""
+    rng = np.random.default_rng(1)
+    for _ in range(3):
+        ins = [[rng.standard_normal(logits).astype(np.float32)],
+               [rng.integers(-2 * logits[-1], 3 * logits[-1], logits[:-1] + (1,)).astype(np.int32)]]
+        want, got = (Interpreter(h, 1).run(ins)[h.outputs[0]][0] for h in (before, g))
+        np.testing.assert_array_equal(want, got)
+
+
+def test_a_clamp_of_a_reshape_of_labels_with_a_size_1_dim_is_the_reshape_of_the_clamp():
+    g, alloc = _along_graph((2, 5, 10), clamped=True)
+    before = copy.deepcopy(g)
+    assert _clamps_before_unit_reshapes(g, alloc)
+    clamp = next(op for op in g.ops if op.kind == "clamp")
+    assert g.tensors[clamp.output].shape == (2, 5, 1)     # on the labels' dims
+    _picks_agree(before, g, (2, 5, 10))
+
+
+def test_a_take_along_axis_at_unproved_labels_is_the_one_hot_contraction_of_the_clamped_labels():
+    # the gather clamps its start indices into the vocabulary: so does the one-hot's index
+    g, alloc = _along_graph((2, 5, 10), clamped=False)
+    before = copy.deepcopy(g)
+    ops, replaced = _rewrite_in_bounds(_Graph(g, alloc, 1, None), set())
+    _splice(g, ops, replaced)
+    kinds = [op.kind for op in g.ops]
+    assert "gather" not in kinds and "clamp" in kinds and "dot_general" in kinds
+    _picks_agree(before, g, (2, 5, 10))
+
+
+@pytest.mark.parametrize("src, to, want", [
+    ((2, 8, 1), (2, 8, 1, 1), {0: 0, 1: 1, 2: 2}),          # the labels' size-1 dim kept
+    ((2, 1, 8), (2, 8, 1), {0: 0, 2: 1}),                   # moved past a sized dim: deleted
+    ((1, 2, 1, 8), (2, 1, 1, 8, 1), {1: 0, 2: 1, 3: 3}),    # the leading 1 has no place
+    ((2, 8), (16,), None),                                  # sized dims merged
+])
+def test_a_reshape_of_size_1_dims_maps_each_dim_it_keeps(src, to, want):
+    got = unit_reshape_dims(src, to)
+    assert got == want
+    if got is not None:     # the reshape is the broadcast of its operand along the map
+        kept = sorted(got)
+        y = np.random.default_rng(2).standard_normal(src)
+        squeezed = y.reshape([src[d] for d in kept]) if len(kept) < len(src) else y
+        dims = [got[d] for d in kept]
+        shape = [1] * len(to)
+        for d, e in zip(kept, dims):
+            shape[e] = src[d]
+        np.testing.assert_array_equal(y.reshape(to), np.broadcast_to(squeezed.reshape(shape), to))
+
+
+def test_a_broadcast_of_a_scalar_read_from_a_one_element_tensor_stays():
+    # the splat form: a broadcast of a scalar, whatever size-1 dims the result has
+    def build(b, x):
+        s = b.op("reshape", [x], (), "float32")
+        return b.op("broadcast_in_dim", [s], (2, 8, 1), "float32", {"broadcast_dimensions": ()})
+    g, ids = _graph(build, [(1,)])
+    assert not simplify_graph(g, ids)
+
+
 def _vocab_lookup(shift: int):
     """A lookup in a table whose rows the jit shards over 2 devices, the distributed
     program's ids shifted by `shift` (the sequential one's are not)."""
@@ -191,21 +289,31 @@ def test_an_embedding_lookup_at_shifted_ids_over_a_sharded_vocabulary_does_not_v
     assert not res.verified
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "take_along_axis over logits whose vocabulary the jit shards (a cross-entropy's target "
-    "logit): JAX wraps negative labels by a select on labels[..., None] ([b, s, 1]) before "
-    "XLA appends the index vector dim ([b, s, 1, 1]) and clamps; the clamp is moved past "
-    "a reshape only when the reshape's operand has no size-1 dim (index_ranges' affine "
-    "forms and predicates carry no size-1 base dim through a reshape: moved_dims maps dims "
-    "of other sizes only), and "
-    "masked_gather.clamped_index clamps unproved indices of takes along one dim only, not "
-    "of the sequential take_along_axis (the clamp at the take_along_axis line)"))
+def _target_logit(shift: int):
+    """take_along_axis over logits whose vocabulary the jit shards (a cross-entropy's
+    target logit), the distributed program's labels shifted by `shift`."""
+    def target(logits, labels, shift=0):
+        return jnp.take_along_axis(logits, labels[..., None] + shift, axis=-1, mode="clip")
+    mesh = dlverify.host_mesh((2,), ("tp",))
+    dist = jax.jit(lambda logits, labels: target(logits, labels, shift),
+                   in_shardings=(NamedSharding(mesh, P(None, None, "tp")), NamedSharding(mesh, P())),
+                   out_shardings=NamedSharding(mesh, P()))
+    return dlverify.verify_jax(target, dist, jax.ShapeDtypeStruct((2, 8, 64), jnp.float32),
+                               jax.ShapeDtypeStruct((2, 8), jnp.int32))
+
+
 def test_a_target_logit_over_a_vocabulary_sharded_by_jit_verifies():
-    def target(logits, labels):
-        return jnp.take_along_axis(logits, labels[..., None], axis=-1, mode="clip")
-    res = _jit_case(target, (P(None, None, "tp"), P()), P(),
-                    (jax.ShapeDtypeStruct((2, 8, 64), jnp.float32), jax.ShapeDtypeStruct((2, 8), jnp.int32)))
+    # JAX wraps negative labels by a select on labels[..., None] ([b, s, 1]), XLA appends
+    # the index vector dim and clamps: the clamp moves onto [b, s, 1], whose size-1 dim
+    # index_ranges carries through the reshapes, and the sequential take_along_axis reads
+    # its labels clamped, as its gather does
+    res = _target_logit(0)
     assert res.verified, [f.message for f in res.failures[:2]]
+
+
+def test_a_target_logit_at_shifted_labels_over_a_sharded_vocabulary_does_not_verify():
+    res = _target_logit(1)
+    assert not res.verified
 
 
 def test_an_embedding_lookup_with_the_hidden_dim_sharded_by_jit_verifies():
@@ -234,13 +342,23 @@ def test_gradient_accumulation_by_scan_jitted_with_a_sharded_batch_verifies():
     assert res.verified, [f.message for f in res.failures[:2]]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "jax.nn.dot_product_attention with one head per rank (4 heads, TP=4): it reshapes q to "
-    "(b, s, kv heads, group, d) with a size-1 group, and the rank's head block has size 1 "
-    "too; the partitioned dots batch over size-1 dims that the sequential ones keep free or "
-    "batch with 4 heads (simplify_forms.unit_dims_batched pairs any size-1 free dims), so "
-    "the output projection's operands no longer pair (a transpose at the attention line). "
-    "With 2 heads per rank it verifies (examples/gspmd_jit.py)"))
 def test_dot_product_attention_with_one_head_per_rank_verifies():
+    # q reshaped to (b, s, kv heads, group, d) with a size-1 group, and each rank's head
+    # block of size 1: the sequential transpose of q moves sized dims where the
+    # partitioned one moves size-1 dims only; both dots read q's projection transposed
+    # (simplify_moves.unit_moves_out_of_dot)
     res = _jit_case(E.fused_attention, E.TP_ATTN, P(), E._attn_args(), mesh_shape=(4,))
     assert res.verified, [f.message for f in res.failures[:2]]
+
+
+def test_dot_product_attention_with_one_head_per_rank_reading_the_next_head_does_not_verify():
+    # the wrong head block: each rank's queries attend to the next head's keys
+    def wrong_head(x, wq, wk, wv, wo):
+        q, k, v = (jnp.einsum("bsd,dhk->bshk", x, w) for w in (wq, wk, wv))
+        o = jax.nn.dot_product_attention(q, jnp.roll(k, 1, axis=2), v, is_causal=True)
+        return jnp.einsum("bshk,hkd->bsd", o, wo)
+    mesh = dlverify.host_mesh((4,), ("tp",))
+    dist = jax.jit(wrong_head, in_shardings=tuple(NamedSharding(mesh, s) for s in E.TP_ATTN),
+                   out_shardings=NamedSharding(mesh, P()))
+    res = dlverify.verify_jax(E.fused_attention, dist, *E._attn_args())
+    assert not res.verified
