@@ -96,12 +96,12 @@ def test_a_gather_after_a_larger_dim_of_its_group_stays():
     "with v's size-1 KV-slot dim, which the sequential dot (2 slots) keeps as free dims: "
     "the two dots no longer pair (attention_core's probs @ v, llama3.py:191). Locally the "
     "partitioned dot is the one-KV-head-per-rank dot that must batch (llama3_kv1_forward): "
-    "only the sequential side tells them apart. With that pairing left out, q still has no "
-    "view on ranks 0 and 1 (query slot 0): XLA reshards q's slot dim by a collective permute "
-    "(zeros on ranks 0 and 1), concatenated with the local slot and dynamic-sliced at a "
-    "per-rank offset (llama3.py:204), and no rule relates that slice of a concatenation whose "
-    "other piece has no view; the output projection (llama3.py:259) then holds partial terms "
-    "on ranks 2 and 3 only"))
+    "only the sequential side tells them apart. Besides, XLA reshards q's and v's slots over "
+    "'fsdp' by collective permutes (zeros on the ranks that receive nothing), concatenations "
+    "and dynamic slices at per-rank offsets (llama3.py:204): no rule relates those slices on "
+    "the ranks whose permute brought zeros, and the normal form moves v's transpose "
+    "(llama3.py:191) onto the permuted 2-slot piece, a transpose of the QKV projection the "
+    "sequential program never computes (no view on ranks 0 and 1)"))
 def test_llama_step_with_query_heads_split_over_fsdp_verifies():
     L = E.L   # examples/models/llama3.py, as the example file imports it
 
