@@ -15,7 +15,12 @@ reductions.
   size-1 dims broadcasts the reshape's operand. With one KV head per rank XLA
   deletes the size-1 group dim around the attention dots and the softmax's
   row statistics; the program batches over the group dim, of which a rank
-  holds a block of size 1. A size-1 dim of one operand only stays free.
+  holds a block of size 1. A size-1 dim of one operand only stays free. Not a
+  deleted dim that the dot computing the operand batched (a head), next to a
+  contracted one, when the other operand has no size-1 dim to pair it with: that
+  reshape is the program's flattening of [h, e] into a contracted h*e with h = 1
+  (one head per rank before the output projection), which the rules relate to
+  the program's, and it stays out of the dot.
 * transposes meet dots (dlverify/simplify_layouts.py takes a dot's transpose into
   the dot): a transpose of an all-reduce is the all-reduce of the transpose, so a
   dot summed over ranks before its transpose meets it too. An all-reduce of a
@@ -215,10 +220,15 @@ class _FormRules(_Rewriter):
             return False
         p = op.params
         sides = []
+        founds = []
         for t in op.inputs:
             r = self.producer.get(t)
-            found = None if r is None or r.kind != "reshape" else \
-                _unit_deletion(self.shape(r.inputs[0]), self.shape(t))
+            founds.append(None if r is None or r.kind != "reshape" else
+                          _unit_deletion(self.shape(r.inputs[0]), self.shape(t)))
+        for side, (t, found) in enumerate(zip(op.inputs, founds)):
+            if found is not None and self._merged_into_contraction(op, side, found, founds):
+                found = None
+            r = self.producer.get(t)
             sides.append((t, list(range(len(self.shape(t))))) if found is None
                          else (r.inputs[0], found[0]))
         if all(src == t for (src, _), t in zip(sides, op.inputs)):
@@ -229,6 +239,44 @@ class _FormRules(_Rewriter):
             for role in ("batch", "contract"):
                 q[f"{key}_{role}"] = tuple(dims[d] for d in p[f"{key}_{role}"])
         return self._dot_then_unit_reshape(op, [lsrc, rsrc], q)
+
+    def _merged_into_contraction(self, op: Op, side: int,
+                                 found: tuple[list[int], list[int]],
+                                 founds: list[tuple[list[int], list[int]] | None]) -> bool:
+        """Whether operand `side`'s reshape, deleting size-1 dims (`found`, as
+        _unit_deletion gives it), is read as merging each of them into a neighbouring
+        contracted dim, and so stays out of the dot: the dot computing the reshaped
+        value batched each deleted dim (a head: a micro-batch's size-1 dim is no batch
+        dim there and enters the dot), each sits next to a kept dim the dot contracts,
+        and the other operand has no size-1 dim to pair it with (no free one, none its
+        own reshape deletes, none a reshape under its transpose deletes). A program that
+        flattens [b, h, e] to [b, h*e] before a dot with a [h*e, d] weight holds
+        [b, 1, e] -> [b, e] on a rank with one head: the same regrouping, which the
+        rules relate to the program's; taken into the dot, the size-1 head dim would
+        be a free dim the program's dot does not have."""
+        key = ("lhs", "rhs")[side]
+        kept, deleted = found
+        made = self.producer.get(self.producer[op.inputs[side]].inputs[0])
+        if made is None or made.kind != "dot_general" \
+                or any(d >= len(made.params["lhs_batch"]) for d in deleted):
+            return False                          # (not a dim an earlier dot batched over)
+        src_of = dict(enumerate(kept))            # operand dim -> source dim
+        contracted = {src_of[d] for d in op.params[f"{key}_contract"]}
+        for d in deleted:
+            below = max((k for k in kept if k < d), default=None)
+            above = min((k for k in kept if k > d), default=None)
+            if below not in contracted and above not in contracted:
+                return False
+        other = op.inputs[1 - side]
+        okey = ("lhs", "rhs")[1 - side]
+        roles = set(op.params[f"{okey}_batch"]) | set(op.params[f"{okey}_contract"])
+        if founds[1 - side] is not None or any(
+                n == 1 and d not in roles for d, n in enumerate(self.shape(other))):
+            return False
+        under = self.producer.get(other)             # (size-1 dims deleted under a transpose)
+        under = under if under is None or under.kind != "transpose" else \
+            self.producer.get(under.inputs[0])
+        return under is None or under.kind != "reshape" or 1 not in self.shape(under.inputs[0])
 
     def unit_dims_batched(self, op: Op) -> bool:
         """A dot whose operands each have a size-1 free dim batches over the pair
