@@ -1,6 +1,7 @@
-"""A summing all-reduce of an add, split into an add of all-reduces (distributed side).
+"""A summing all-reduce (or reduce-scatter) of an add, split into an add of them
+(distributed side).
 
-    psum(a + b) = psum(a) + psum(b)
+    psum(a + b) = psum(a) + psum(b),  psum_scatter(a + b) = psum_scatter(a) + psum_scatter(b)
 
 holds for every input over the reals (a sum over the ranks of sums), so the
 rewrite is exact. It matters when a and b are partial sums of *different* sequential
@@ -13,8 +14,11 @@ add the complete terms in the sequential order.
 Only adds of reductions' results are split (dot_general, reduce_sum, or adds of
 those, each read by nothing else), and only when the two sides are different
 computations (no reduction of one side has the kind, attributes, operand shapes
-and program inputs of one of the other): the partial terms of two reductions the collective exists to
-complete. A value added to a partial sum before the psum (a bias added on every
+and program inputs of one of the other, computed by the same ops up to the offsets
+of slices and the values of constants): the partial terms of two reductions the
+collective exists to complete. The K and V pieces of a fused projection's input
+gradient (dlverify/rewrites.py splits it by them) read the same inputs, but through
+different ops; micro-batches read other slices through the same ops. A value added to a partial sum before the psum (a bias added on every
 rank) is left where the program put it, so its diagnosis is unchanged, and so are
 the terms of one reduction accumulated over micro-batches (datalog/partials.dl).
 """
@@ -26,6 +30,37 @@ from dlverify.ir import Graph, IdAllocator, Op
 from dlverify.op_pass import PassState, to_fixpoint
 
 _REDUCTIONS = frozenset({"dot_general", "reduce_sum"})
+
+
+_OFFSETS = frozenset({"start_indices", "limit_indices", "value"})
+
+
+class _Form:
+    """The ops a tensor is computed by, up to slice offsets and constant values, as a
+    hash (memoised): micro-batches of one computation share it."""
+
+    def __init__(self, g: Graph, producer: dict[int, Op]) -> None:
+        self.g, self.producer = g, producer
+        self.memo: dict[int, int] = {}
+
+    def __call__(self, t: int) -> int:
+        todo = [t]
+        while todo:   # post-order without recursion (deep graphs)
+            x = todo[-1]
+            if x in self.memo:
+                todo.pop()
+                continue
+            p = self.producer.get(x)
+            missing = [i for i in (p.inputs if p else ()) if i not in self.memo]
+            if missing:
+                todo.extend(missing)
+                continue
+            todo.pop()
+            key = (self.g.tensors[x].shape,) if p is None else (
+                p.kind, tuple(sorted((k, repr(v)) for k, v in p.params.items() if k not in _OFFSETS)),
+                self.g.tensors[x].shape, tuple(self.memo[i] for i in p.inputs))
+            self.memo[x] = hash(key)
+        return self.memo[t]
 
 
 class _Sources:
@@ -57,53 +92,55 @@ class _Sources:
 
 
 def _leaf_sigs(g: Graph, t: int, producer: dict[int, Op], uses: Counter,
-               sources: _Sources) -> list[tuple] | None:
-    """The signatures (kind, attributes, operand shapes, the program inputs read) of the
-    reductions t adds up through adds read once; None when a leaf is no reduction or is
-    read elsewhere."""
+               sources: _Sources, form: _Form) -> list[tuple] | None:
+    """The signatures (kind, attributes, operand shapes, the program inputs read, the
+    form of the computation) of the reductions t adds up through adds read once; None
+    when a leaf is no reduction or is read elsewhere."""
     p = producer.get(t)
     if p is None or uses[t] != 1 or t in g.outputs:
         return None
     if p.kind == "add" and len(p.inputs) == 2:
-        parts = [_leaf_sigs(g, x, producer, uses, sources) for x in p.inputs]
+        parts = [_leaf_sigs(g, x, producer, uses, sources, form) for x in p.inputs]
         return None if None in parts else parts[0] + parts[1]
     if p.kind not in _REDUCTIONS:
         return None
     return [(p.kind, tuple(sorted((k, repr(v)) for k, v in p.params.items())),
-             tuple(g.tensors[x].shape for x in p.inputs), sources(t))]
+             tuple(g.tensors[x].shape for x in p.inputs), sources(t), form(t))]
 
 
 def _splittable(g: Graph, add: Op | None, producer: dict[int, Op], uses: Counter,
-                sources: _Sources) -> bool:
+                sources: _Sources, form: _Form) -> bool:
     """`add` is an add read once (by the collective) of reductions' results on both sides,
     the two sides computed differently: no reduction of one has the signature of one of
     the other (the same kind, attributes and shapes, from the same program inputs). Sums of terms of one reduction (micro-batches accumulated) are left
     whole: the accumulation rules complete them as they are."""
     if add is None or add.kind != "add" or len(add.inputs) != 2 or uses[add.output] != 1:
         return False
-    sides = [_leaf_sigs(g, t, producer, uses, sources) for t in add.inputs]
+    sides = [_leaf_sigs(g, t, producer, uses, sources, form) for t in add.inputs]
     return None not in sides and not set(sides[0]) & set(sides[1])
 
 
 def _split_one(st: PassState, op: Op) -> bool:
-    """Rewrite `op` when it is a summing all_reduce of a splittable add."""
-    if op.kind != "all_reduce" or len(op.inputs) != 1 or op.params.get("reducer") != "sum":
+    """Rewrite `op` when it is a summing all_reduce or reduce_scatter of a splittable add."""
+    summing = op.params.get("reducer") == "sum" if op.kind == "all_reduce" else \
+        op.kind == "reduce_scatter" and op.params.get("reducer", "sum") == "sum"
+    if not summing or len(op.inputs) != 1:
         return False
-    if "sources" not in st.cache:   # one memo of input masks per pass
+    if "sources" not in st.cache:   # one memo of input masks and forms per pass
         st.cache["sources"] = _Sources(st.g, st.producer)
-    sources = st.cache["sources"]
+        st.cache["form"] = _Form(st.g, st.producer)
     add = st.producer.get(op.inputs[0])
-    if not _splittable(st.g, add, st.producer, st.uses, sources):
+    if not _splittable(st.g, add, st.producer, st.uses, st.cache["sources"], st.cache["form"]):
         return False
     t = st.g.tensors[op.output]
-    parts = [st.builder.op("all_reduce", [x], t.shape, t.dtype, op.params, op.loc, op.name)
+    parts = [st.builder.op(op.kind, [x], t.shape, t.dtype, op.params, op.loc, op.name)
              for x in add.inputs]
     st.builder.op("add", parts, t.shape, t.dtype, {}, add.loc, add.name, output=op.output)
     return True
 
 
 def split_summed_adds(g: Graph, ids: IdAllocator) -> bool:
-    """Rewrite every summing all_reduce of a splittable add of g (to a fixpoint: an add
+    """Rewrite every summing all_reduce or reduce_scatter of a splittable add of g (to a fixpoint: an add
     of adds is split again). Returns whether anything changed; the adds left unread
     are for the caller to drop."""
     return to_fixpoint(g, ids, _split_one)

@@ -31,11 +31,12 @@ complete it. The families (datalog/partials.dl, datalog/update.dl):
   along its axis a and whose other operand v is added by the rank holding term 0
   (zeros elsewhere: a bias on rank 0 before the all-reduce); F(0) = R(0) + v,
   F(k) = R(k) for k > 0, R the reduction's terms;
-- PROD_BASE + ((n*8 + i)*2 + t)*8 + a: dot_general `op` holding one aligned block of n
-  indices of its partially held contracted pair i, of an operand t that is partial over
-  the family (p, a), p the reduction t's sequential operand comes from (red_root);
-  F(b * K + k), K the size of (p, a), is `op` restricted to block b of pair i, of term
-  k of operand t;
+- PROD_BASE + ((n*8 + i)*3 + t)*8 + a: dot_general `op` holding one aligned block of n
+  indices of its partially held contracted pair i, of an operand t < 2 that is partial
+  over the family (p, a), p the one reduction nearest upstream of t's sequential operand
+  (prod_root): F(b * K + k), K the size of (p, a), is `op` restricted to block b of pair
+  i, of term k of operand t; or (t = 2) times its own pair a of K indices: F(b * K + k)
+  is `op` restricted to block b of pair i and index k of pair a;
 - GROUP_BASE + (g0 * RADIX + t) * RADIX + m: `op` is a distributed collective and
   its groups g0, g0 + t, ..., g0 + (m-1) t a class whose members' operands, visited
   as slots (member q of the j-th group is slot q * m + j), tile the range of one
@@ -97,21 +98,33 @@ def _operand_family(seq: Graph, op: Op | None, i: int, axis: int) -> int | None:
     return None if p is None else full_size(seq, p.id, axis)
 
 
-def red_root(seq: Graph, tensor: int) -> Op | None:
-    """The reduction whose output `tensor` is through ops of one operand (datalog's
-    Red_Root; adds of a zero, which it also passes, are not followed here)."""
-    seen = set()
-    while tensor not in seen:
-        seen.add(tensor)
-        p = _producer(seq, tensor)
+def _is_reduction(op: Op) -> bool:
+    """The op has a reduced axis (a Contract_Size fact): a dot_general that contracts, or a
+    reduction over some axes."""
+    if op.kind == "dot_general":
+        return bool(op.params.get("lhs_contract"))
+    return KINDS[op.kind].export is reduction and bool(op.params.get("axes"))
+
+
+def prod_root(seq: Graph, tensor: int) -> Op | None:
+    """The one reduction nearest upstream of `tensor` (datalog's Prod_Root): the
+    reductions reached through ops that are no reductions, when there is exactly one."""
+    producer = {o.output: o for o in seq.ops}
+    roots: set[int] = set()
+    seen, todo = set(), [tensor]
+    while todo:
+        t = todo.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        p = producer.get(t)
         if p is None:
-            return None
-        if p.kind == "dot_general" or KINDS[p.kind].export is reduction:
-            return p   # the kinds that export Contract_Size
-        if len(p.inputs) != 1:
-            return None
-        tensor = p.inputs[0]
-    return None
+            continue
+        if _is_reduction(p):
+            roots.add(p.id)
+        else:
+            todo.extend(p.inputs)
+    return _op(seq, roots.pop()) if len(roots) == 1 else None
 
 
 def full_size(seq: Graph, op_id: int, axis: int) -> int | None:
@@ -130,9 +143,12 @@ def full_size(seq: Graph, op_id: int, axis: int) -> int | None:
         return None
     if PROD_BASE <= axis < GROUP_BASE:   # blocks of a contracted pair times terms
         p = prod_family(axis)
-        root = red_root(seq, op.inputs[p.operand]) if p.operand < len(op.inputs) else None
+        if p.operand == 2:   # the dot's own pair
+            k = full_size(seq, op_id, p.axis)
+        else:
+            root = prod_root(seq, op.inputs[p.operand]) if p.operand < len(op.inputs) else None
+            k = None if root is None else full_size(seq, root.id, p.axis)
         m = full_size(seq, op_id, p.pair)
-        k = None if root is None else full_size(seq, root.id, p.axis)
         return None if m is None or k is None or m % p.block else m // p.block * k
     if MASK2_BASE <= axis < GROUP_BASE:   # two masked dims, flattened
         k_out, k_in = divmod(axis - MASK2_BASE, PAIR)
@@ -213,7 +229,8 @@ def reindexing(axis: int) -> Reindexing:
 @dataclass(frozen=True)
 class ProdFamily:
     """A PROD_BASE tag axis: blocks of `block` indices of contracted pair `pair`, times
-    the terms of operand `operand`'s reduction along its axis `axis`."""
+    the terms of operand `operand`'s reduction along its axis `axis` (operand 2: the
+    contraction's own pair `axis`)."""
 
     block: int
     pair: int
@@ -223,12 +240,12 @@ class ProdFamily:
 
 def prod_axis(block: int, pair: int, operand: int, axis: int) -> int:
     """The tag axis of a product family (see ProdFamily)."""
-    return PROD_BASE + ((block * PROD_AXES + pair) * 2 + operand) * PROD_AXES + axis
+    return PROD_BASE + ((block * PROD_AXES + pair) * 3 + operand) * PROD_AXES + axis
 
 
 def prod_family(axis: int) -> ProdFamily:
     """The product family a PROD_BASE tag axis names."""
     rest, ax = divmod(axis - PROD_BASE, PROD_AXES)
-    rest, operand = divmod(rest, 2)
+    rest, operand = divmod(rest, 3)
     block, pair = divmod(rest, PROD_AXES)
     return ProdFamily(block, pair, operand, ax)

@@ -17,6 +17,21 @@ pieces of a value that one side builds whole:
   both sides, and the distributed product then holds its Q, K and V parts
   side by side without being one block of the sequential product.
 
+* dot through a concatenate along a contracted dim: the sum of the pieces'
+  dots with the matching slices of the other operand,
+
+      dot(concat(a, b; k), w) = dot(a, w[:n_a]) + dot(b, w[n_a:])     (k contracted)
+
+  and, when a summing all_reduce or reduce_scatter is the product's only reader
+  (distributed side), the sum of the pieces' collectives. A fused QKV projection's
+  input gradient contracts the concatenation of dq, dk and dv; with fewer KV heads
+  than ranks each rank's dk and dv are partial sums of two different reductions, which
+  then complete on their own. (Programs as written only: compiled modules keep the
+  fused contraction for their normal form, dlverify/simplify.py.)
+
+* all-reduce of concatenate (or of its transpose): the concatenate of the pieces'
+  all-reduces (the reduction is position by position), for the same reason.
+
 * slice of concatenate: a unit-stride slice of a concatenate along dim k is
   the concatenate of the slices of the operands it overlaps, each sliced to
   the overlap (an operand covered whole and not cut in any other dim is used
@@ -47,6 +62,11 @@ from dlverify.problem import Problem
 
 
 class _Rewriter:
+    # whether dots over a contracted concatenation are split (dot_contracted): programs
+    # as written; compiled modules keep them whole, their normal form (simplify.py)
+    # pairs the fused contractions XLA writes
+    split_contracted = False
+
     def __init__(self, graph: Graph, ids: IdAllocator) -> None:
         self.g = graph
         self.ids = ids
@@ -55,6 +75,9 @@ class _Rewriter:
         self.builder = GraphBuilder(Graph(graph.name, tensors=graph.tensors, ops=self.out), ids)
         self.producer: dict[int, Op] = {}
         self.alias: dict[int, int] = {}   # tensor -> the tensor now holding its value
+        # collectives a rewrite replaced together with their operand's producer
+        self.replaced: set[int] = set()
+        self._summed_by: dict[int, Op] | None = None   # (dot_contracted's, once per pass)
 
     def new_op(self, kind: str, inputs: list[int], shape: tuple[int, ...], dtype: str,
                params: dict, like: Op, output: int | None = None) -> int:
@@ -95,6 +118,54 @@ class _Rewriter:
                 pieces.append(self.new_op("dot_general", ins, sh, dtype, p, op))
             self.new_op("concatenate", pieces, out_shape, dtype, {"dimension": j}, op,
                         output=op.output)
+            return True
+        return False
+
+    def dot_contracted(self, op: Op) -> bool:
+        """A dot whose operand is a concatenate along a contracted dim: the sum of the
+        pieces' dots with the matching slices of the other operand; under a summing
+        all_reduce or reduce_scatter that is its only reader (distributed side), the sum
+        of the pieces' collectives, each piece's partial terms complete on their own."""
+        p = op.params
+        lhs, rhs = op.inputs
+        for side, t in ((1, rhs), (0, lhs)):
+            cat = self.producer.get(t)
+            if cat is None or cat.kind != "concatenate" or len(cat.inputs) < 2:
+                continue
+            k = cat.params["dimension"]
+            contract = p["rhs_contract"] if side else p["lhs_contract"]
+            if k not in contract:
+                continue
+            other = lhs if side else rhs
+            other_k = (p["lhs_contract"] if side else p["rhs_contract"])[list(contract).index(k)]
+            out_shape, dtype = self.shape(op.output), self.g.tensors[op.output].dtype
+            if self._summed_by is None:
+                self._summed_by = _summed_by(self.g)
+            psum = self._summed_by.get(op.output)
+            terms, off = [], 0
+            for piece in cat.inputs:
+                n = self.shape(piece)[k]
+                osh = list(self.shape(other))
+                start = [0] * len(osh)
+                start[other_k], osh[other_k] = off, n
+                limit = [a + b for a, b in zip(start, osh)]
+                sl = self.new_op("slice", [other], tuple(osh), self.g.tensors[other].dtype,
+                                 {"start_indices": tuple(start), "limit_indices": tuple(limit),
+                                  "strides": None}, op)
+                term = self.new_op("dot_general", [sl, piece] if side else [piece, sl], out_shape,
+                                   dtype, p, op)
+                if psum is not None:
+                    term = self.new_op(psum.kind, [term], self.shape(psum.output), dtype,
+                                       psum.params, psum)
+                terms.append(term)
+                off += n
+            acc = terms[0]
+            target = psum.output if psum is not None else op.output
+            for i, term in enumerate(terms[1:], 2):
+                acc = self.new_op("add", [acc, term], self.shape(target), dtype, {}, op,
+                                  output=target if i == len(terms) else None)
+            if psum is not None:
+                self.replaced.add(psum.id)
             return True
         return False
 
@@ -163,10 +234,34 @@ class _Rewriter:
                     output=op.output)
         return True
 
+    # ------------------------------------------------------------ all_reduce
+    def all_reduce(self, op: Op) -> bool:
+        """An all_reduce of a concatenate (or of its transpose) is the concatenate (its
+        transpose) of the pieces' all_reduces: the reduction is position by position. The
+        pieces' partial terms of different reductions then complete on their own."""
+        x = self.producer.get(op.inputs[0])
+        tr = x if x is not None and x.kind == "transpose" else None
+        cat = self.producer.get(tr.inputs[0]) if tr is not None else x
+        if cat is None or cat.kind != "concatenate" or len(cat.inputs) < 2:
+            return False
+        dtype = self.g.tensors[op.output].dtype
+        pieces = [self.new_op("all_reduce", [t], self.shape(t), self.g.tensors[t].dtype, op.params, op)
+                  for t in cat.inputs]
+        if tr is None:
+            self.new_op("concatenate", pieces, self.shape(op.output), dtype, cat.params, cat,
+                        output=op.output)
+        else:
+            joined = self.new_op("concatenate", pieces, self.shape(cat.output), dtype, cat.params, cat)
+            self.new_op("transpose", [joined], self.shape(op.output), dtype, tr.params, tr,
+                        output=op.output)
+        return True
+
     # ------------------------------------------------------------------ driver
     def apply(self, op: Op) -> bool:
         """Replace `op` by what a rule rewrites it into (True), or leave it (False)."""
-        return (op.kind == "dot_general" and len(op.inputs) == 2 and self.dot(op)) or \
+        return (op.kind == "dot_general" and len(op.inputs) == 2
+                and (self.dot(op) or self.split_contracted and self.dot_contracted(op))) or \
+            (op.kind == "all_reduce" and len(op.inputs) == 1 and self.all_reduce(op)) or \
             (op.kind == "slice" and self.slice(op)) or \
             (op.kind == "all_gather" and len(op.inputs) == 1 and self.all_gather(op))
 
@@ -176,6 +271,9 @@ class _Rewriter:
         changed = False
         for op in g.ops:
             op.inputs = [self.alias.get(i, i) for i in op.inputs]
+            if op.id in self.replaced:   # computed by the rewrite of its operand's producer
+                changed = True
+                continue
             if self.apply(op):
                 changed = True
                 continue
@@ -198,6 +296,16 @@ def _dot_out_dim(p: dict, lhs_rank: int, rhs_rank: int, side: int, k: int) -> in
         return j + lhs_free.index(k)
     rhs_free = [i for i in range(rhs_rank) if i not in p["rhs_contract"] and i not in p["rhs_batch"]]
     return j + len(lhs_free) + rhs_free.index(k)
+
+
+def _summed_by(g: Graph) -> dict[int, Op]:
+    """Tensor -> the summing all_reduce or reduce_scatter that is its only reader (and no
+    output)."""
+    uses = _uses(g)
+    return {op.inputs[0]: op for op in g.ops
+            if (op.kind == "all_reduce" and op.params.get("reducer") == "sum"
+                or op.kind == "reduce_scatter" and op.params.get("reducer", "sum") == "sum")
+            and len(op.inputs) == 1 and uses[op.inputs[0]] == 1 and op.inputs[0] not in g.outputs}
 
 
 def _uses(g: Graph) -> Counter:
@@ -242,12 +350,16 @@ def _drop_newly_dead(g: Graph, unused_before: set[int]) -> None:
         del g.tensors[t]
 
 
-def rewrite_graph(graph: Graph, ids: IdAllocator) -> bool:
-    """Apply the rewrites until none applies. Returns whether anything changed."""
+def rewrite_graph(graph: Graph, ids: IdAllocator, split_contracted: bool = True) -> bool:
+    """Apply the rewrites until none applies (dots over a contracted concatenation split
+    only when `split_contracted`). Returns whether anything changed."""
     changed = False
-    while _Rewriter(graph, ids).run():
+    while True:
+        rw = _Rewriter(graph, ids)
+        rw.split_contracted = split_contracted
+        if not rw.run():
+            return changed
         changed = True
-    return changed
 
 
 def rewrite(problem: Problem) -> None:
@@ -292,8 +404,10 @@ def rewrite(problem: Problem) -> None:
     if canonical_softmaxes(problem.seq, problem.dist, problem.ids):
         _drop_newly_dead(problem.seq, unused[0])
         _drop_newly_dead(problem.dist, unused[1])
-    rewrite_graph(problem.seq, problem.ids)
-    rewrite_graph(problem.dist, problem.ids)
+    split = not problem.normal_form   # (see _Rewriter.split_contracted)
+    rewrite_graph(problem.seq, problem.ids, split)
+    if rewrite_graph(problem.dist, problem.ids, split) and split_summed_adds(problem.dist, problem.ids):
+        _drop_newly_dead(problem.dist, unused[1])   # (a psum of the pieces of a contraction)
     if problem.normal_form:   # last: the rewrites above match the programs' own structure
         simplify_graph(problem.seq, problem.ids, problem.assumptions, problem.notes)
         simplify_graph(problem.dist, problem.ids, problem.assumptions, problem.notes)

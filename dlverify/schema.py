@@ -378,11 +378,12 @@ TAG_HELD_BASE = 7000
 # TAG_MASK2_BASE + PAIR * k_out + k_in: an output masked to one index along dim k_out and
 # one along k_in, the pairs flattened row-major with k_out outer (update.dl).
 TAG_MASK2_BASE = 8000
-# TAG_PROD_BASE + ((n * PROD_AXES + i) * 2 + t) * PROD_AXES + a: a contraction holding one
-# aligned block of n indices of its partially held pair i, of an operand t that is itself
-# partial over the family (its reduction, a): the two families' product, flattened with
-# the blocks outer (partials.dl); i and a are below PROD_AXES, and the code below
-# TAG_GROUP_BASE (blocks of up to 702 indices).
+# TAG_PROD_BASE + ((n * PROD_AXES + i) * 3 + t) * PROD_AXES + a: a contraction holding one
+# aligned block of n indices of its partially held pair i, times the family (its
+# reduction, a) of its operand t (t < 2) that is itself partial, or times the range its
+# own pair a holds (t = 2): the two families' product, flattened with the blocks outer
+# (partials.dl); i and a are below PROD_AXES, and the code below TAG_GROUP_BASE (blocks
+# of up to 468 indices).
 TAG_PROD_BASE, TAG_PROD_AXES = 10000, 8
 # Above TAG_GROUP_BASE: a class of groups of a collective (the tag's op): GROUP_BASE +
 # (first * RADIX + stride) * RADIX + count (dlverify/partial_tags.py).
@@ -409,7 +410,7 @@ TAG_CONSTANTS = (
     _const("Tag_Mask2Base", "base:number", TAG_MASK2_BASE,
            "Tag axis base: an output masked to one index along each of two dims."),
     _const("Tag_ProdBase", "base:number", TAG_PROD_BASE,
-           "Tag axis base: a block of a contracted pair times an operand's partial terms."),
+           "Tag axis base: a block of a contracted pair times an operand's or a pair's terms."),
     _const("Tag_ProdAxes", "k:number", TAG_PROD_AXES,
            "A product family in a tag axis: its pair and reduced axis are below k."),
     _const("Tag_GroupBase", "base:number", TAG_GROUP_BASE,

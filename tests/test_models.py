@@ -99,16 +99,10 @@ VARIANTS = [
      _variant(LLAMA3, 2, True, True, seq=2), None),
     ("llama3_kv_heads_replicated_tp8_forward",
      _variant(LLAMA3, 8, False, False, heads=16, kv_heads=4), None),
-    # (at TP=8 with kv_heads=4 the same gap: one representative is enough)
-    ("llama3_kv_heads_replicated_tp4_train",
-     _variant(LLAMA3, 4, False, True, heads=8, kv_heads=2),
-     "replicated KV heads in training: each rank's K and V gradients are partial sums over its "
-     "query heads (one family per reduction: the dk and dv dots), concatenated before the "
-     "dh and w_qkv contractions, which are partial over the rank's (group, head) block in "
-     "turn; no family relates a concatenation of partials of different reductions to the "
-     "sequential concatenation of dq, dk, dv, nor a contraction of a partial operand over a "
-     "partially held dim (a product of two families). The w_o gradient (the rank's cells "
-     "of (group, head) in zeros, update.dl's two-dim cells) relates"),
+    ("llama3_kv_heads_replicated_tp4_train",   # partials.dl (Tag_ProdBase), rect_ranges.dl,
+     _variant(LLAMA3, 4, False, True, heads=8, kv_heads=2), None),   # cell_groups.py
+    ("llama3_kv_heads_replicated_tp8_sp_train",   # each KV head on 4 ranks, under SP
+     _variant(LLAMA3, 8, True, True, heads=16, kv_heads=2, seq=16), None),
     ("gpt2_one_head_per_rank_tp8_forward",
      _variant(GPT2, 8, False, False, heads=8), None),
     ("gpt2_one_head_per_rank_tp8_train",
@@ -309,6 +303,19 @@ def _repro_two_partial_contracted_dims():
         (_sds(4, 2, 4), _sds(2, 4, 8))
 
 
+def _repro_partial_operand_over_held_blocks():
+    # a KV head's K gradient is partial over its query heads (here: the hidden units f),
+    # then contracted over the KV heads (g), of which a rank holds one block
+    def seq(h, w, c):
+        return jnp.einsum("tg,tgd->td", c, jnp.einsum("tgf,gfd->tgd", h, w))
+
+    def local(h, w, c):
+        return jax.lax.psum(seq(h, w, c), ("a", "b"))
+    return seq, jax.shard_map(local, mesh=_mesh(2, 2, names=("a", "b")), out_specs=P(),
+                              in_specs=(P(None, "a", "b"), P("a", "b", None), P(None, "a"))), \
+        (_sds(4, 4, 8), _sds(4, 8, 3), _sds(4, 4))
+
+
 def _repro_reshape_size1_local_dim():
     return (lambda x: x.reshape(4, 4, 2)), \
         jax.shard_map(lambda x: x.reshape(4, 1, 2), mesh=_mesh(4), in_specs=P(None, "tp"),
@@ -354,6 +361,7 @@ REPROS = [
     (_repro_dynamic_update_slice, None),                 # update.dl
     (_repro_add_of_different_partials, None),            # partials.dl
     (_repro_two_partial_contracted_dims, None),          # partials.dl
+    (_repro_partial_operand_over_held_blocks, None),     # partials.dl (Tag_ProdBase)
     (_repro_reshape_size1_local_dim, None),              # layout_algebra.dl
     (_repro_broadcast_size1_local_dim, None),            # layout_algebra.dl
     (_repro_broadcast_transpose_size1_local_dim, None),  # layout_algebra.dl

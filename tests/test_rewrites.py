@@ -99,11 +99,13 @@ def test_dot_through_lhs_concat_and_a_slice_across_pieces():
     assert kinds(h).count("dot_general") == 2
 
 
-def test_concat_along_a_contracted_or_batch_dim_is_left_alone():
+def test_concat_along_a_batch_dim_is_left_alone():
+    # (along a contracted dim it is a sum of the pieces' dots: tests/test_concat_contractions.py)
     g, b, ids = graph()
-    w = concat_of_inputs(g, b, [(2, 3), (2, 3)], 0).out
-    x = inp(g, b, (4, 5))
-    y = b.op("dot_general", [x, w], (5, 3), "float64", DOT)
+    w = concat_of_inputs(g, b, [(2, 4, 3), (2, 4, 3)], 0).out
+    x = inp(g, b, (4, 4, 5))
+    y = b.op("dot_general", [x, w], (4, 5, 3), "float64",
+             dict(lhs_contract=(1,), rhs_contract=(1,), lhs_batch=(0,), rhs_batch=(0,)))
     g.outputs = [y]
     assert not rewrite_graph(copy.deepcopy(g), ids)
 

@@ -14,7 +14,7 @@ from rulekit import Tiny
 
 from dlverify.api import verify_jax
 from dlverify.ir import Mesh
-from dlverify.partial_tags import ACC_BASE, ADD_BASE, FLAT_BASE, HELD_BASE, trans_axis
+from dlverify.partial_tags import ACC_BASE, ADD_BASE, FLAT_BASE, HELD_BASE, prod_axis, trans_axis
 from dlverify.verdict import Partial
 
 UNIT = (0, 0, 0, 0)
@@ -421,9 +421,12 @@ def test_two_partial_contracted_dims_flatten_when_the_outer_holds_one_index():
     out = t.run()
     for r in range(4):
         a, b = divmod(r, 2)
+        # the group's index times the heads' range; and the heads' block of 2 times the
+        # group's index (partials.dl's product families: both numerically checked)
         assert vset(out, ys, yd, r) == {
-            ((0, 0), Partial(0, dot, FLAT_BASE + 32 * 0 + 1, 4 * a + 2 * b, 4 * a + 2 * b + 2), UNIT)}
-        assert vset(out, ys, sd, r) == {((0, 0), None, UNIT)}
+            ((0, 0), Partial(0, dot, FLAT_BASE + 32 * 0 + 1, 4 * a + 2 * b, 4 * a + 2 * b + 2), UNIT),
+            ((0, 0), Partial(0, dot, prod_axis(2, 1, 2, 0), 2 * b + a, 2 * b + a + 1), UNIT)}
+        assert ((0, 0), None, UNIT) in vset(out, ys, sd, r)
 
 
 def test_two_partial_contracted_dims_reduced_over_one_mesh_axis_are_not_complete():
@@ -433,18 +436,35 @@ def test_two_partial_contracted_dims_reduced_over_one_mesh_axis_are_not_complete
     assert out.views(ys, yd) and not any(v.partial is None for v in out.views(ys, sd))
 
 
-def test_two_partial_contracted_dims_that_are_not_one_range_have_no_view():
-    # both dims hold 1 of 2 and 2 of 4 ... with the inner split over a: rank (a, b)
-    # holds group b and heads 2a..2a+1 -- fine; but a (2, 2) box of a (2, 4) grid is
-    # not one flat range
+def _box_of_the_grid(start, head=0):
+    """A rank's (2, 2) box of the (4, 4) grid of contracted (group, head) pairs, at
+    `start` along the groups and `head` along the heads (both ranks hold the same box)."""
     t = Tiny(mesh=Mesh(("a", "b"), (1, 2)))
-    os_, od = t.input((4, 4, 4), (None, None, "b"))
-    ws, wd = t.input((4, 4, 8), (None, "b", None))
-    sl_o = t.dop("slice", [od], (4, 2, 2), start_indices=(0, 0, 0), limit_indices=(4, 2, 2), strides=None)
-    sl_w = t.dop("slice", [wd], (2, 2, 8), start_indices=(0, 0, 0), limit_indices=(2, 2, 8), strides=None)
+    os_, od = t.input((4, 4, 4))
+    ws, wd = t.input((4, 4, 8))
+    sl_o = t.dop("slice", [od], (4, 2, 2), start_indices=(0, start, head),
+                 limit_indices=(4, start + 2, head + 2), strides=None)
+    sl_w = t.dop("slice", [wd], (2, 2, 8), start_indices=(start, head, 0),
+                 limit_indices=(start + 2, head + 2, 8), strides=None)
     dn = dict(lhs_contract=(1, 2), rhs_contract=(0, 1), lhs_batch=(), rhs_batch=())
     ys = t.sop("dot_general", [os_, ws], (4, 8), **dn)
     yd = t.dop("dot_general", [sl_o, sl_w], (4, 8), **dn)
+    return t, ys, yd
+
+
+def test_an_aligned_box_of_two_partial_contracted_dims_is_a_range_of_their_block_product():
+    # groups [2, 4) (block 1 of 2) and heads [0, 2): the terms (block 1, heads 0..1)
+    t, ys, yd = _box_of_the_grid(2)
+    dot = last_seq_op(t)
+    out = t.run()
+    assert Partial(0, dot, prod_axis(2, 0, 2, 1), 4, 6) in {v.partial for v in out.views(ys, yd)}
+
+
+def test_a_box_of_two_partial_contracted_dims_off_the_blocks_has_no_view():
+    # groups [1, 3) and heads [1, 3): neither is a block of 2 (nor one index), so the
+    # terms are no flat range of any product (groups [1, 3) with heads [0, 2) are: the
+    # heads' block 0 times a range of groups)
+    t, ys, yd = _box_of_the_grid(1, 1)
     out = t.run()
     assert out.views(ys, yd) == []
 

@@ -20,7 +20,7 @@ from rulekit import Tiny
 from dlverify.api import verify_jax, verify_problem
 from dlverify.engine import souffle_runner
 from dlverify.ir import Mesh
-from dlverify.partial_tags import MASK2_BASE, PAIR, full_size
+from dlverify.partial_tags import MASK2_BASE, MASK_BASE, PAIR, full_size
 from dlverify.verdict import Partial
 
 GROUPS, HEADS, DIM = 2, 4, 3      # the sequential tensor: (group, head, feature)
@@ -68,7 +68,10 @@ def test_cells_are_a_two_dim_masked_family_that_psum_completes():
         lo = (r // 2) * HEADS + (r % 2) * 2
         assert {(v.offsets, v.partial) for v in out.views(s, ud, r)} == {
             ((0, 0, 0), Partial(0, neg, axis, lo, lo + 2))}
-        assert {(v.offsets, v.partial) for v in out.views(s, total, r)} == {((0, 0, 0), None)}
+        # complete; also the whole range of the heads' mask family, every group's row of
+        # cells covering all heads (rect_ranges.dl)
+        assert {(v.offsets, v.partial) for v in out.views(s, total, r)} == {
+            ((0, 0, 0), None), ((0, 0, 0), Partial(0, neg, MASK_BASE + 1, 0, HEADS))}
     assert out.result.verified
 
 
@@ -93,7 +96,9 @@ def test_cells_that_do_not_tile_the_family_are_not_completed():
     (upd,) = [op.output for op in out.problem.dist.ops if op.kind == "dynamic_update_slice"]
     assert {(v.partial.lo, v.scale) for v in out.views(s, upd)} == {(0, (1, 0, 0, 0)),
                                                                     (HEADS, (1, 0, 0, 0))}
-    assert out.views(s, total) == []
+    # twice heads 0..1 of every group: a range of the heads' mask family, never complete
+    assert {(v.partial, v.scale) for v in out.views(s, total)} == {
+        (Partial(0, t.seq.ops[-1].id, MASK_BASE + 1, 0, 2), (1, 0, 0, 0))}
     assert not out.result.verified
 
 

@@ -46,9 +46,10 @@ shard_map (check_vma=True), so JAX all-reduces the gradients of replicated
 parameters (norm weights) itself.
 
 Verifier coverage (tests/test_models.py): SMALL (16 heads, 8 KV groups) has
-at least 2 KV groups per rank at TP=4 and verifies forward and backward. One
-group per rank (as Llama-3.1-405B at TP=8) verifies forward but not backward
-yet; replicated KV heads and the unfused MLP under SP do not verify yet.
+at least 2 KV groups per rank at TP=4 and verifies forward and backward; so do
+one KV group or one KV head per rank (as Llama-3.1-405B at TP=8), KV heads
+replicated on 2 or 4 ranks (fewer KV heads than ranks), and the unfused MLP
+under SP.
 """
 from __future__ import annotations
 
