@@ -35,17 +35,20 @@ _REDUCTIONS = frozenset({"dot_general", "reduce_sum"})
 _OFFSETS = frozenset({"start_indices", "limit_indices", "value"})
 
 
-class _Form:
-    """The ops a tensor is computed by, up to slice offsets and constant values, as a
-    hash (memoised): micro-batches of one computation share it."""
+class _Memo:
+    """A value per tensor computed from its producer's operands' values (memoised, in
+    post-order without recursion: deep graphs); `value` is the subclass's."""
 
     def __init__(self, g: Graph, producer: dict[int, Op]) -> None:
         self.g, self.producer = g, producer
         self.memo: dict[int, int] = {}
 
+    def value(self, t: int, p: Op | None) -> int:
+        raise NotImplementedError
+
     def __call__(self, t: int) -> int:
         todo = [t]
-        while todo:   # post-order without recursion (deep graphs)
+        while todo:
             x = todo[-1]
             if x in self.memo:
                 todo.pop()
@@ -56,39 +59,32 @@ class _Form:
                 todo.extend(missing)
                 continue
             todo.pop()
-            key = (self.g.tensors[x].shape,) if p is None else (
-                p.kind, tuple(sorted((k, repr(v)) for k, v in p.params.items() if k not in _OFFSETS)),
-                self.g.tensors[x].shape, tuple(self.memo[i] for i in p.inputs))
-            self.memo[x] = hash(key)
+            self.memo[x] = self.value(x, p)
         return self.memo[t]
 
 
-class _Sources:
-    """The program inputs each tensor is computed from, as a bit mask (memoised)."""
+class _Form(_Memo):
+    """The ops a tensor is computed by, up to slice offsets and constant values, as a
+    hash: micro-batches of one computation share it."""
+
+    def value(self, t: int, p: Op | None) -> int:
+        return hash((self.g.tensors[t].shape,) if p is None else (
+            p.kind, tuple(sorted((k, repr(v)) for k, v in p.params.items() if k not in _OFFSETS)),
+            self.g.tensors[t].shape, tuple(self.memo[i] for i in p.inputs)))
+
+
+class _Sources(_Memo):
+    """The program inputs each tensor is computed from, as a bit mask."""
 
     def __init__(self, g: Graph, producer: dict[int, Op]) -> None:
-        self.producer = producer
+        super().__init__(g, producer)
         self.bit = {t: 1 << i for i, t in enumerate(g.inputs)}
-        self.memo: dict[int, int] = {}
 
-    def __call__(self, t: int) -> int:
-        todo = [t]
-        while todo:   # post-order without recursion (deep graphs)
-            x = todo[-1]
-            if x in self.memo:
-                todo.pop()
-                continue
-            p = self.producer.get(x)
-            missing = [i for i in (p.inputs if p else ()) if i not in self.memo]
-            if missing:
-                todo.extend(missing)
-                continue
-            todo.pop()
-            m = self.bit.get(x, 0)
-            for i in p.inputs if p else ():
-                m |= self.memo[i]
-            self.memo[x] = m
-        return self.memo[t]
+    def value(self, t: int, p: Op | None) -> int:
+        m = self.bit.get(t, 0)
+        for i in p.inputs if p else ():
+            m |= self.memo[i]
+        return m
 
 
 def _leaf_sigs(g: Graph, t: int, producer: dict[int, Op], uses: Counter,

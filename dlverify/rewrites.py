@@ -89,6 +89,13 @@ class _Rewriter:
     def shape(self, t: int) -> tuple[int, ...]:
         return self.g.tensors[t].shape
 
+    def reshaped_operands(self, op: Op):
+        """(side, key, reshape) for each operand of dot `op` (lhs first) a reshape produces."""
+        for side, key in ((0, "lhs"), (1, "rhs")):
+            r = self.producer.get(op.inputs[side])
+            if r is not None and r.kind == "reshape":
+                yield side, key, r
+
     def fold(self, op: Op, value: int) -> bool:
         """`op`'s result is tensor `value`: alias it, and keep the op for diagnosis."""
         self.alias[op.output] = value
@@ -96,16 +103,20 @@ class _Rewriter:
         return True
 
     # ------------------------------------------------------------------ dot
+    def _concat_operands(self, op: Op):
+        """The operands of dot `op` that are concatenates (rhs first): (side, the
+        concatenate, its dim, the dot's contracted dims and batch dims of that side)."""
+        p = op.params
+        for side, t in ((1, op.inputs[1]), (0, op.inputs[0])):
+            cat = self.producer.get(t)
+            if cat is not None and cat.kind == "concatenate" and len(cat.inputs) >= 2:
+                key = "rhs" if side else "lhs"
+                yield side, cat, cat.params["dimension"], p[f"{key}_contract"], p[f"{key}_batch"]
+
     def dot(self, op: Op) -> bool:
         p = op.params
         lhs, rhs = op.inputs
-        for side, t in ((1, rhs), (0, lhs)):
-            cat = self.producer.get(t)
-            if cat is None or cat.kind != "concatenate" or len(cat.inputs) < 2:
-                continue
-            k = cat.params["dimension"]
-            contract = p["rhs_contract"] if side else p["lhs_contract"]
-            batch = p["rhs_batch"] if side else p["lhs_batch"]
+        for side, cat, k, contract, batch in self._concat_operands(op):
             if k in contract or k in batch:
                 continue
             j = _dot_out_dim(p, len(self.shape(lhs)), len(self.shape(rhs)), side, k)
@@ -128,12 +139,7 @@ class _Rewriter:
         of the pieces' collectives, each piece's partial terms complete on their own."""
         p = op.params
         lhs, rhs = op.inputs
-        for side, t in ((1, rhs), (0, lhs)):
-            cat = self.producer.get(t)
-            if cat is None or cat.kind != "concatenate" or len(cat.inputs) < 2:
-                continue
-            k = cat.params["dimension"]
-            contract = p["rhs_contract"] if side else p["lhs_contract"]
+        for side, cat, k, contract, _ in self._concat_operands(op):
             if k not in contract:
                 continue
             other = lhs if side else rhs

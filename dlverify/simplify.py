@@ -346,10 +346,7 @@ class _Simplifier(_MoveRules, _SinkRules, _LayoutRules):
         if op.kind != "dot_general" or len(op.inputs) != 2:
             return False
         p = op.params
-        for side, key in ((0, "lhs"), (1, "rhs")):
-            r = self.producer.get(op.inputs[side])
-            if r is None or r.kind != "reshape":
-                continue
+        for side, key, r in self.reshaped_operands(op):
             src, to = self.shape(r.inputs[0]), self.shape(op.inputs[side])
             nb, nc = len(p[f"{key}_batch"]), len(p[f"{key}_contract"])
             rank = len(to)

@@ -345,6 +345,16 @@ class _FormRules(_Rewriter):
                     op, output=op.output)
         return True
 
+    def _dot_reading(self, op: Op, side: int, key: str, operand: int, at: dict[int, int]) -> bool:
+        """`op` reading `operand` as its operand `side` (`key`), whose dim at[d] holds the old
+        operand's dim d, through _dot_then_unit_reshape."""
+        q = dict(op.params)
+        for role in ("batch", "contract"):
+            q[f"{key}_{role}"] = tuple(at[d] for d in op.params[f"{key}_{role}"])
+        ins = list(op.inputs)
+        ins[side] = operand
+        return self._dot_then_unit_reshape(op, ins, q)
+
     def _dot_then_unit_reshape(self, op: Op, ins: list[int], q: dict) -> bool:
         """`op` as the dot of `ins` with params q, whose result differs from op's by
         size-1 dims only, reshaped to op's shape."""

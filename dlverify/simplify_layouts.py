@@ -124,10 +124,7 @@ class _LayoutRules(_Rewriter):
         if len(op.inputs) != 2:
             return False
         p = op.params
-        for side, key in ((0, "lhs"), (1, "rhs")):
-            r = self.producer.get(op.inputs[side])
-            if r is None or r.kind != "reshape":
-                continue
+        for side, key, r in self.reshaped_operands(op):
             src, shape = self.shape(r.inputs[0]), self.shape(r.output)
             roles = set(p[f"{key}_batch"]) | set(p[f"{key}_contract"])
             sized = [d for d, n in enumerate(shape) if n != 1]
@@ -137,12 +134,7 @@ class _LayoutRules(_Rewriter):
             at = {d: i for i, d in enumerate(sized)}
             u = self.new_op("reshape", [r.inputs[0]], tuple(shape[d] for d in sized),
                             self.g.tensors[r.output].dtype, {}, r)
-            q = dict(p)
-            for role in ("batch", "contract"):
-                q[f"{key}_{role}"] = tuple(at[d] for d in p[f"{key}_{role}"])
-            ins = list(op.inputs)
-            ins[side] = u
-            return self._dot_then_unit_reshape(op, ins, q)
+            return self._dot_reading(op, side, key, u, at)
         return False
 
     def unit_insertion_into_broadcast(self, op: Op) -> bool:

@@ -153,10 +153,7 @@ def unit_dims_out_of_contraction(s: "_Simplifier", op: Op) -> bool:
     if op.kind != "dot_general" or len(op.inputs) != 2:
         return False
     p = op.params
-    for side, key in ((0, "lhs"), (1, "rhs")):
-        r = s.producer.get(op.inputs[side])
-        if r is None or r.kind != "reshape":
-            continue
+    for side, key, r in s.reshaped_operands(op):
         src, mid = s.shape(r.inputs[0]), s.shape(r.output)
         runs = _merge_groups(src, mid)
         if runs is None or _unit_deletion(src, mid) is not None:

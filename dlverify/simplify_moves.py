@@ -123,12 +123,7 @@ class _MoveRules(_FormRules):
             if q_perm is not None:
                 y = self.new_op("transpose", [y], src, self.g.tensors[y].dtype,
                                 {"permutation": q_perm}, self.producer[t])
-            q = dict(p)
-            for role in ("batch", "contract"):
-                q[f"{key}_{role}"] = tuple(at[d] for d in p[f"{key}_{role}"])
-            ins = list(op.inputs)
-            ins[side] = y
-            return self._dot_then_unit_reshape(op, ins, q)
+            return self._dot_reading(op, side, key, y, at)
         return False
 
 

@@ -263,12 +263,15 @@ def test_a_size_1_dim_the_dot_contracts_stays():
     assert g.tensors[dot.inputs[0]].shape == (2, 2, 4, 1)
 
 
-@pytest.mark.xfail(strict=True, reason=(
+SPLIT_FOR_STANDARD_READER = pytest.mark.xfail(strict=True, reason=(
     "a transposed dot is split only when its reader composes the layout (a transpose, or a "
     "dot that does not read it in dot_layout's order yet): splitting it also for a reader in "
     "that order meets XLA's p v with JAX's v^T p^T, but a data-parallel Llama step "
     "(tests/test_resharding.py) holds the batch as a size-1 dim on one side and its "
     "attention transposes were then split on that side only"))
+
+
+@SPLIT_FOR_STANDARD_READER
 def test_a_transposed_dot_read_in_the_standard_order_is_split():
     """o = einsum('bhqk,bkhe->bqhe') as JAX writes it (v^T p^T: [b, h, e, q], transposed to
     [b, q, e, h]) read by a dot contracting (e, h) in that order: the dot takes the free
@@ -283,12 +286,7 @@ def test_a_transposed_dot_read_in_the_standard_order_is_split():
 
 
 # ------------------------------------------------ the compiled examples
-@pytest.mark.xfail(strict=True, reason=(
-    "a transposed dot is split only when its reader composes the layout (a transpose, or a "
-    "dot that does not read it in dot_layout's order yet): splitting it also for a reader in "
-    "that order meets XLA's p v with JAX's v^T p^T, but a data-parallel Llama step "
-    "(tests/test_resharding.py) holds the batch as a size-1 dim on one side and its "
-    "attention transposes were then split on that side only"))
+@SPLIT_FOR_STANDARD_READER
 def test_compiled_parallel_residual_verifies_and_its_twins_are_located(tmp_path):
     """XLA transposes the attention output for the (e, h) contraction it picks, flattens
     it and psums attention + MLP partials through a reshape: after the normal form the
