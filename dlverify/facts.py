@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from dlverify import layout_algebra
-from dlverify import sum_trees
+from dlverify import partial_tags, sum_trees
 from dlverify import schema as S
 from dlverify.errors import InputError
 from dlverify.ir import Graph, Op
@@ -247,6 +247,8 @@ def export(problem: Problem, seq_fold: Folded, dist_fold: Folded) -> tuple[FactT
     ex.value_facts(seq_fold, dist_fold)
     layout_algebra.export_all(ex, problem.seq, problem.dist, seq_fold, dist_fold)
     sum_trees.export_all(ex.add, problem.seq)
+    for t, p in partial_tags.prod_roots(problem.seq).items():
+        ex.add(S.PROD_ROOT, t, p)
     tables = {rel: sorted(set(ex.t.get(rel.name, []))) for rel in S.INPUTS}
     return tables, ex.values
 

@@ -106,25 +106,32 @@ def _is_reduction(op: Op) -> bool:
     return KINDS[op.kind].export is reduction and bool(op.params.get("axes"))
 
 
+_MANY = -1   # (prod_roots: more than one reduction upstream)
+
+
+def prod_roots(seq: Graph) -> dict[int, int]:
+    """Tensor -> the one reduction nearest upstream of it (the op with a reduced axis
+    reached through ops without one), for the tensors that have exactly one: datalog's
+    Prod_Root facts. One pass in op order, each tensor keeping one root or none or
+    "many", so it is linear in the graph (a residual stream reaches every layer's
+    reductions through its adds: they are many, not listed)."""
+    root: dict[int, int] = {}
+    for op in seq.ops:
+        if _is_reduction(op):
+            root[op.output] = op.id
+            continue
+        found = {root[i] for i in op.inputs if i in root}
+        if len(found) == 1:
+            root[op.output] = found.pop()
+        elif found:
+            root[op.output] = _MANY
+    return {t: p for t, p in root.items() if p != _MANY}
+
+
 def prod_root(seq: Graph, tensor: int) -> Op | None:
-    """The one reduction nearest upstream of `tensor` (datalog's Prod_Root): the
-    reductions reached through ops that are no reductions, when there is exactly one."""
-    producer = {o.output: o for o in seq.ops}
-    roots: set[int] = set()
-    seen, todo = set(), [tensor]
-    while todo:
-        t = todo.pop()
-        if t in seen:
-            continue
-        seen.add(t)
-        p = producer.get(t)
-        if p is None:
-            continue
-        if _is_reduction(p):
-            roots.add(p.id)
-        else:
-            todo.extend(p.inputs)
-    return _op(seq, roots.pop()) if len(roots) == 1 else None
+    """The one reduction nearest upstream of `tensor` (see prod_roots), or None."""
+    p = prod_roots(seq).get(tensor)
+    return None if p is None else _op(seq, p)
 
 
 def full_size(seq: Graph, op_id: int, axis: int) -> int | None:

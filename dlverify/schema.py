@@ -225,6 +225,9 @@ SUM_PART = _rel("Sum_Part", "Sequential tensor s is a node (a leaf, or an add) o
                 "bits of `mask`, n of them.", "root:OpId", "s:TensorId", "mask:number", "n:number")
 CONTRACT_SIZE = _rel("Contract_Size", "Reduced axis `axis` of sequential op has `size` elements.",
                      "op:OpId", "axis:number", "size:number")
+PROD_ROOT = _rel("Prod_Root", "Reduction p is the one reduction nearest upstream of sequential s "
+                 "(dlverify/partial_tags.py: prod_roots): the family a partial view of s carries "
+                 "is named by s alone.", "s:TensorId", "p:OpId")
 
 # ---------------------------------------------------------------- gather
 GATHER = _rel("Gather", "Op is a gather without batching dims whose operand dims outside "
