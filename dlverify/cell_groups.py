@@ -25,24 +25,12 @@ from __future__ import annotations
 
 from dlverify.ir import Graph, IdAllocator, Mesh, Op
 from dlverify.op_pass import PassState, to_fixpoint
-from dlverify.ops.structural import clamp_start
-from dlverify.passes import fold
+from dlverify.ops.structural import clamped_starts
+from dlverify.passes import Folded, fold
 
 
 def _zero_splat(splat: dict[int, list[float]], t: int) -> bool:
     return t in splat and all(v == 0 for v in splat[t])
-
-
-def _starts(g: Graph, dus: Op, splat: dict[int, list[float]], rank: int) -> tuple[int, ...] | None:
-    """The clamped start of the update on `rank`, or None when some index is not known."""
-    x, u = g.tensors[dus.inputs[0]].shape, g.tensors[dus.inputs[1]].shape
-    out = []
-    for i, s in enumerate(dus.inputs[2:]):
-        v = splat.get(s)
-        if v is None or float(v[rank]) != int(v[rank]):
-            return None
-        out.append(clamp_start(int(v[rank]), x[i], u[i]))
-    return tuple(out)
 
 
 def _levels(group: list[int], starts: dict[int, tuple[int, ...]]) -> tuple[list[list[int]], list[list[int]]] | None:
@@ -58,19 +46,18 @@ def _levels(group: list[int], starts: dict[int, tuple[int, ...]]) -> tuple[list[
     return cls, [list(m) for m in zip(*cls)]
 
 
-def _split_one(st: PassState, op: Op, mesh: Mesh, splat: dict[int, list[float]]) -> bool:
+def _split_one(st: PassState, op: Op, mesh: Mesh, fold: Folded) -> bool:
     if op.kind != "all_reduce" or len(op.inputs) != 1 or op.params.get("reducer") != "sum":
         return False
     dus = st.producer.get(op.inputs[0])
-    if dus is None or dus.kind != "dynamic_update_slice" or not _zero_splat(splat, dus.inputs[0]):
+    if dus is None or dus.kind != "dynamic_update_slice" or not _zero_splat(fold.splat, dus.inputs[0]):
         return False
     groups = op.params.get("groups") or [list(range(mesh.size))]
-    starts = {}
-    for r in (r for grp in groups for r in grp):
-        s = _starts(st.g, dus, splat, r)
-        if s is None:
-            return False
-        starts[r] = s
+    clamped = clamped_starts(fold.small, dus.inputs[2:], st.g.tensors[dus.inputs[0]].shape,
+                             st.g.tensors[dus.inputs[1]].shape, mesh.size)
+    if clamped is None:
+        return False
+    starts = {r: tuple(row) for r, row in enumerate(clamped)}
     levels = [_levels(grp, starts) for grp in groups]
     if any(lv is None for lv in levels):
         return False
@@ -97,5 +84,5 @@ def split_repeated_cells(g: Graph, ids: IdAllocator, mesh: Mesh | None) -> bool:
     if not any(op.kind == "all_reduce" and producer.get(op.inputs[0]) is not None
                and producer[op.inputs[0]].kind == "dynamic_update_slice" for op in g.ops):
         return False
-    splat = fold(g, mesh).splat
-    return to_fixpoint(g, ids, lambda st, op: _split_one(st, op, mesh, splat))
+    folded = fold(g, mesh)
+    return to_fixpoint(g, ids, lambda st, op: _split_one(st, op, mesh, folded))

@@ -26,8 +26,7 @@ from typing import Any, Callable
 
 from dlverify import schema as S
 from dlverify.ir import CHAIN_DEPTH, Graph, Op
-from dlverify.ops import NotExecutable
-from dlverify.ops.structural import clamp_start, scalar_index
+from dlverify.ops.structural import clamped_starts
 from dlverify.passes import Folded
 
 _INT32 = 2 ** 31
@@ -179,16 +178,15 @@ def update_rows(add: AddRow, g: Graph, op: Op, fold: Folded) -> None:
         add(S.UPDATE_WHOLE, op.id)
     if len(smaller) == 1 and len(starts) == len(z):
         add(S.UPDATE_ALONG, op.id, smaller[0])
-    if len(smaller) not in (1, 2) or len(starts) != len(z) or not all(s in fold.small for s in starts):
+    if len(smaller) not in (1, 2) or len(starts) != len(z):
         return
     if len(smaller) == 2:   # the dim where the update has one element is the outer one
         smaller.sort(key=lambda k: u[k] != 1)
         if u[smaller[0]] != 1:
             return
-    try:
-        clamped = [[clamp_start(scalar_index(fold.small[starts[k]][r]), z[k], u[k]) for k in smaller]
-                   for r in range(fold.ranks)]
-    except NotExecutable:  # a start that is not one integer: no fact, so no rule applies
+    clamped = clamped_starts(fold.small, [starts[k] for k in smaller], [z[k] for k in smaller],
+                             [u[k] for k in smaller], fold.ranks)
+    if clamped is None:   # a start not known, or not one integer: no fact, so no rule applies
         return
     for r, at in enumerate(clamped):
         if len(smaller) == 1:

@@ -241,14 +241,17 @@ class _Rewriter:
         return True
 
     # ------------------------------------------------------------ all_reduce
-    def all_reduce(self, op: Op) -> bool:
-        """An all_reduce of a concatenate (or of its transpose) is the concatenate (its
-        transpose) of the pieces' all_reduces: the reduction is position by position. The
-        pieces' partial terms of different reductions then complete on their own."""
+    def all_reduce(self, op: Op, through_transpose: bool = True) -> bool:
+        """An all_reduce of a concatenate (or, `through_transpose`, of its transpose) is the
+        concatenate (its transpose) of the pieces' all_reduces: the reduction is position
+        by position. The pieces' partial terms of different reductions then complete on
+        their own (a fused QKV weight's gradient concatenated from its Q, K and V dots).
+        The normal form (simplify.py) takes the concatenate only: it moves transposes
+        into all_reduces itself."""
         x = self.producer.get(op.inputs[0])
-        tr = x if x is not None and x.kind == "transpose" else None
+        tr = x if through_transpose and x is not None and x.kind == "transpose" else None
         cat = self.producer.get(tr.inputs[0]) if tr is not None else x
-        if cat is None or cat.kind != "concatenate" or len(cat.inputs) < 2:
+        if cat is None or cat.kind != "concatenate":
             return False
         dtype = self.g.tensors[op.output].dtype
         pieces = [self.new_op("all_reduce", [t], self.shape(t), self.g.tensors[t].dtype, op.params, op)

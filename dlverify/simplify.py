@@ -513,7 +513,8 @@ class _Simplifier(_MoveRules, _SinkRules, _LayoutRules):
                     or self.unit_dims_into_dot(op) or self.unit_dims_batched(op)
                     or self.unit_dims_into_broadcast(op) or self.layouts(op)
                     or self.transpose_into_all_reduce(op) or reshaped_all_reduce(self, op)
-                    or self.all_reduce_of_concatenate(op)
+                    or op.kind == "all_reduce" and len(op.inputs) == 1
+                    and self.all_reduce(op, through_transpose=False)
                     or self.reshape_out_of_all_gather(op)
                     or self.transpose_out_of_all_gather(op) or self.literal_dynamic_slice(op)
                     or self.slice_of_reshape(op)

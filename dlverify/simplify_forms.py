@@ -391,23 +391,6 @@ class _FormRules(_Rewriter):
                     output=op.output)
         return True
 
-    def all_reduce_of_concatenate(self, op: Op) -> bool:
-        """An all-reduce of a concatenation is the concatenation of its pieces'
-        all-reduces (the reduction is position by position): the partitioner sums
-        a fused QKV weight's gradient concatenated from its Q, K and V dots
-        (dlverify/rewrites.py splits the product by them), each piece one dot's
-        partial sum, which the rules reduce alone."""
-        if op.kind != "all_reduce" or len(op.inputs) != 1:
-            return False
-        cat = self.producer.get(op.inputs[0])
-        if cat is None or cat.kind != "concatenate":
-            return False
-        pieces = [self.new_op("all_reduce", [t], self.shape(t), self.g.tensors[t].dtype,
-                              op.params, op) for t in cat.inputs]
-        self.new_op("concatenate", pieces, self.shape(op.output), self.g.tensors[op.output].dtype,
-                    cat.params, cat, output=op.output)
-        return True
-
     def reduce_of_reshape(self, op: Op) -> bool:
         """A reduction over whole groups of a reshape, the other groups unchanged, is
         the reduction of the reshape's operand over those groups' dims."""

@@ -14,8 +14,7 @@ import numpy as np
 
 from dlverify import schema as S
 from dlverify.ops.dtypes import is_float_dtype, is_int_dtype
-from dlverify.ops.semantics import NotExecutable
-from dlverify.ops.structural import clamp_start, scalar_index
+from dlverify.ops.structural import clamped_starts
 
 if TYPE_CHECKING:
     from dlverify.ir import Graph, Op
@@ -304,13 +303,8 @@ def dynamic_slice(ex: FactSink, s: Site) -> tuple:
     """Starts known before run time, clamped as XLA clamps them (the evaluator's
     `clamp_start`); a start not known then gets no fact, so no rule applies."""
     op, fold = s.op, s.fold
-    starts = op.inputs[1:]
-    if not all(t in fold.small for t in starts):
-        return (op.kind,)
-    try:
-        clamped = [[clamp_start(scalar_index(fold.small[t][r]), s.shapes[0][i], s.out_shape[i])
-                    for i, t in enumerate(starts)] for r in range(fold.ranks)]
-    except NotExecutable:
+    clamped = clamped_starts(fold.small, op.inputs[1:], s.shapes[0], s.out_shape, fold.ranks)
+    if clamped is None:
         return (op.kind,)
     for r, row in enumerate(clamped):
         for i, start in enumerate(row):

@@ -26,6 +26,20 @@ def clamp_start(start: int, dim: int, size: int) -> int:
     return min(max(int(start), 0), dim - size)
 
 
+def clamped_starts(small: dict, starts: Sequence[int], dims: Sequence[int], sizes: Sequence[int],
+                   ranks: int) -> list[list[int]] | None:
+    """Per rank, the start tensors `starts` (values known before run time: `small[t][r]`,
+    passes.Folded's) clamped as XLA clamps them, windows of `sizes` in dims of `dims`
+    elements; None when one is not known then or is not one integer."""
+    if not all(t in small for t in starts):
+        return None
+    try:
+        return [[clamp_start(scalar_index(small[t][r]), d, n) for t, d, n in zip(starts, dims, sizes)]
+                for r in range(ranks)]
+    except NotExecutable:
+        return None
+
+
 def scalar_index(x: np.ndarray) -> int:
     """A start index operand (a scalar, or a one-element array) as an int."""
     flat = np.asarray(x).reshape(-1)
