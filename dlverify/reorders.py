@@ -47,6 +47,11 @@ class Chain:
     # along mesh axis `axis` (a per-rank pick of chunks, Megatron's
     # get_batch_on_this_cp_rank), not the whole permuted tensor
     block: tuple[str, int] | None = None
+    # when set, `src` is each rank's block (at its coordinate along block's axis) and
+    # `out` the permutation of their concatenation over these rank groups: the
+    # un-permute of an output as XLA partitions it (each rank places its rows, an
+    # all_reduce sums the placements)
+    gathered: list[list[int]] | None = None
 
 
 def input_free(g: Graph, rank: bool = False) -> set[int]:
@@ -61,13 +66,16 @@ def input_free(g: Graph, rank: bool = False) -> set[int]:
     return free
 
 
-def _moved_from(g: Graph, roots: set[int], free: set[int]) -> dict[int, int]:
+def _moved_from(g: Graph, roots: set[int], free: set[int], sums: bool = False) -> dict[int, int]:
     """For each tensor that is data movement of one root alone, that root: the data
     operands moved from it (or input-free), every other operand input-free, so where
-    each element lands depends on no input's values. One pass over the ops."""
+    each element lands depends on no input's values. One pass over the ops. With
+    `sums`, an all_reduce sum counts too: it is movement where each element has one
+    nonzero term, which the caller checks (gathered_output_chain)."""
     root = {t: t for t in roots}
     for op in g.ops:
-        if op.kind not in _MOVES or not op.inputs:
+        if not op.inputs or op.kind not in _MOVES and not (
+                sums and op.kind == "all_reduce" and op.params.get("reducer") == "sum"):
             continue
         data = range(1, len(op.inputs)) if op.kind == "select_n" else \
             range(len(op.inputs)) if op.kind == "concatenate" else range(1)
@@ -265,6 +273,80 @@ def output_chain(g: Graph, out: int) -> Chain | None:
     return None
 
 
+def gathered_output_chain(problem: Problem, out: int) -> Chain | None:
+    """The un-permute of output `out` as XLA partitions a take along a sharded dim:
+    each rank places its block (the rows at its coordinate along a mesh axis) where
+    the permutation sends them, zeros elsewhere, and an all_reduce sums the
+    placements. Evaluated on every rank at once, each rank given its block of two
+    probes. Movement yields constants or elements x[j], and no probe element is 0,
+    so when every element of an all_reduce's operand is nonzero on one member of its
+    group at most, the sum is movement too; `out` is then on every rank the take of
+    the blocks' concatenation that the probes show. The groups must be the axis's, so
+    ranks that share the coordinate (given one block) are never summed together."""
+    g, mesh = problem.dist, problem.mesh
+    free, producer = input_free(g, rank=True), g.producer()
+    region, stack = [], [out]
+    while stack and len(region) < 256:
+        t = stack.pop()
+        op = producer.get(t)
+        if op is None or t in region or op.kind not in _MOVES and op.kind != "all_reduce":
+            continue
+        region.append(t)
+        stack.extend(i for i in op.inputs if i not in free)
+    shape, dtype = g.tensors[out].shape, g.tensors[out].dtype
+    probes = _probes(shape, dtype)
+    if probes is None or int(np.prod(shape)) > PROBE_LIMIT or \
+            not any(producer[t].kind == "all_reduce" for t in region):
+        return None
+    candidates = {i for t in region for i in producer[t].inputs if i not in free}
+    for t in [op.output for op in g.ops if op.output in candidates]:
+        got = g.tensors[t].shape
+        if not _block_shaped(got, shape, mesh.axis_sizes):
+            continue
+        root = _moved_from(g, {t}, free, sums=True)
+        moved = {op.output: op for op in g.ops if op.output != t and root.get(op.output) == t}
+        ops = _slice_ops(g, t, out, moved, producer) if out in moved else []
+        dim = next(j for j, (a, b) in enumerate(zip(got, shape)) if a != b)
+        for axis, n in zip(mesh.axis_names, mesh.axis_sizes):
+            if ops and n * got[dim] == shape[dim]:
+                perm = _gathered_selection(problem, t, out, ops, probes, dim, axis)
+                if perm is not None:
+                    return Chain(t, out, dim, perm, ops, (axis, got[dim]), mesh.groups((axis,)))
+    return None
+
+
+def _gathered_selection(problem: Problem, t: int, out: int, ops: list[Op], probes: list[np.ndarray],
+                        dim: int, axis: str) -> tuple[int, ...] | None:
+    """perm when `out` is, on every rank, take(concatenated blocks, perm, axis=dim) for
+    rank-held blocks `t` (gathered_output_chain), no identity; else None."""
+    g, mesh = problem.dist, problem.mesh
+    rows = g.tensors[t].shape[dim]
+    groups = {frozenset(grp) for grp in mesh.groups((axis,))}
+    if any(op.kind == "all_reduce" and {frozenset(grp) for grp in op.params["groups"]} != groups
+           for op in ops):
+        return None
+    sub = Graph("probe", tensors=g.tensors, ops=ops, inputs=[t], outputs=[out])
+    coord = lambda r: mesh.coords(r)[axis]   # noqa: E731
+    try:
+        runs = [Interpreter(sub, mesh.size, lambda r, a: mesh.coords(r)[a]).run(
+            [[np.take(p, range(coord(r) * rows, (coord(r) + 1) * rows), axis=dim)
+              for r in range(mesh.size)]]) for p in probes]
+    except (NotExecutable, KeyError):
+        return None
+    for op in ops:
+        if op.kind != "all_reduce":
+            continue
+        x = op.inputs[0]
+        for grp in groups:     # one nonzero term per element, on either probe
+            if np.any(sum((runs[0][x][m] != 0) | (runs[1][x][m] != 0) for m in grp) > 1):
+                return None
+    sels = {_selection(probes, [run[out][r] for run in runs], dim) for r in range(mesh.size)}
+    sel = sels.pop() if len(sels) == 1 else None
+    if sel is None or sorted(sel) != list(range(len(sel))) or sel == tuple(range(len(sel))):
+        return None
+    return sel
+
+
 def inverse(perm: tuple[int, ...]) -> tuple[int, ...]:
     inv = [0] * len(perm)
     for i, j in enumerate(perm):
@@ -289,14 +371,19 @@ def take_ops(b: GraphBuilder, x: Tensor, dim: int, perm: tuple[int, ...], like: 
 def canonical(g: Graph, chain: Chain, ids: IdAllocator) -> None:
     """The distributed chain's result computed by the one gather the sequential
     program now has (the same value: the chain is that permutation; for a per-rank
-    pick, the rank's block of it, by a dynamic_slice at coordinate * rows), so that
-    the two sides hold the same op; the chain's other ops are left dead."""
+    pick, the rank's block of it, by a dynamic_slice at coordinate * rows; for the
+    ranks' blocks put back in order, the gather of their all_gather), so that the two
+    sides hold the same op; the chain's other ops are left dead."""
     at = next(i for i, op in enumerate(g.ops) if op.output == chain.out)
     like = g.ops[at]
     new: list[Op] = []
     b = GraphBuilder(Graph(g.name, tensors=g.tensors, ops=new), ids)
     x = g.tensors[chain.src]
-    if chain.block is None:
+    if chain.gathered is not None:     # the blocks concatenated, then the take
+        whole = b.op("all_gather", [x.id], g.tensors[chain.out].shape, x.dtype,
+                     {"dimension": chain.dim, "groups": chain.gathered}, like.loc, like.name)
+        take_ops(b, g.tensors[whole], chain.dim, chain.perm, like, chain.out)
+    elif chain.block is None:
         take_ops(b, x, chain.dim, chain.perm, like, chain.out)
     else:
         axis, rows = chain.block

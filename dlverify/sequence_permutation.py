@@ -43,7 +43,8 @@ from dlverify.ir import Graph, GraphBuilder, IdAllocator, Op
 from dlverify.layout_algebra import reshape_chain
 from dlverify.ops import KINDS, Family
 from dlverify.problem import Problem
-from dlverify.reorders import Chain, canonical, input_chains, input_free, inverse, output_chain, take_ops
+from dlverify.reorders import (Chain, canonical, gathered_output_chain, input_chains, input_free,
+                               inverse, output_chain, take_ops)
 
 # reductions whose value does not depend on the order of the reduced elements
 _ORDER_FREE = {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and",
@@ -78,13 +79,21 @@ class _Dims:
                 self.blocked.setdefault((t, j), op)
 
 
-def _is_source(op: Op, free: set[int]) -> bool:
+def _is_source(g: Graph, op: Op, free: set[int]) -> bool:
     """An op whose value is permuted explicitly where a permuted dim needs it: an
     iota, a constant, or an input-free value made by an op other than an
-    elementwise one, a broadcast or a transpose (a linspace's concatenate); the
-    ops before it keep their order."""
+    elementwise one, a broadcast, a transpose or a reshape that keeps its dims
+    (a linspace's concatenate); the ops before it keep their order. (Positions
+    permuted once, at their iota, reach a rotary table and a causal mask as one
+    tensor, as the distributed program's reach both.)"""
     return op.kind in ("iota", "constant") or op.output in free and not (
-        KINDS[op.kind].family is Family.ELEMENTWISE or op.kind in ("broadcast_in_dim", "transpose"))
+        KINDS[op.kind].family is Family.ELEMENTWISE or op.kind in ("broadcast_in_dim", "transpose")
+        or op.kind == "reshape" and _keeps_dims(g.tensors[op.inputs[0]].shape, g.tensors[op.output].shape))
+
+
+def _keeps_dims(src: tuple[int, ...], out: tuple[int, ...]) -> bool:
+    """A reshape from src to out only inserts or drops size-1 dims."""
+    return [n for n in src if n != 1] == [n for n in out if n != 1]
 
 
 def _link_op(u: _Dims, g: Graph, op: Op, free: set[int]) -> None:
@@ -92,7 +101,7 @@ def _link_op(u: _Dims, g: Graph, op: Op, free: set[int]) -> None:
     shape = lambda t: g.tensors[t].shape   # noqa: E731
     out, oshape, p = op.output, shape(op.output), op.params
     family = KINDS[op.kind].family
-    if _is_source(op, free):
+    if _is_source(g, op, free):
         return            # permuted explicitly where a permuted dim needs it
     if family is Family.ELEMENTWISE:
         for t in op.inputs:
@@ -287,7 +296,7 @@ def _rebuild(problem: Problem, chains: dict[int, Chain], permuted, free: set[int
                 op.inputs = [env.get(i, i) for i in op.inputs]
                 b.ops.append(op)
             continue
-        if _is_source(op, free):
+        if _is_source(seq, op, free):
             t = op.output
             for j, pm in dims:
                 if _varies_along(op, j):
@@ -306,7 +315,8 @@ def _rebuild(problem: Problem, chains: dict[int, Chain], permuted, free: set[int
             if pm is None:
                 continue
             restored = True
-            back = output_chain(dist, dist.outputs[i]) if i < len(dist.outputs) else None
+            back = None if i >= len(dist.outputs) else \
+                output_chain(dist, dist.outputs[i]) or gathered_output_chain(problem, dist.outputs[i])
             if back is not None and back.dim == j and back.perm == inverse(pm):
                 t = b.gather(t, j, back.perm, back.ops[-1])
                 canonical(dist, back, problem.ids)

@@ -160,8 +160,16 @@ class ShiftAnalysis:
             if op.kind == "mul" and any(self.factor_at(i) is not None for i in op.inputs) or \
                     self.mismatch(op) is not None:
                 res = True
+            elif op.kind == "reshape":
+                # only one that keeps the dims of size > 1 carries a factor (the rewrite
+                # follows no other): one splitting the rows, as XLA's un-permute of a
+                # zigzag sequence reads the output in chunks, is read outside the algebra,
+                # so its operand is where the factors are pushed
+                a = op.inputs[0]
+                res = [n for n in self.shape(a) if n != 1] == [n for n in self.shape(t) if n != 1] \
+                    and self.has_factor(a)
             elif op.kind in ("add", "sub", "mul", "dot_general", "reduce_sum", "broadcast_in_dim",
-                             "reshape", "transpose") + self.LINEAR_UNARY:
+                             "transpose") + self.LINEAR_UNARY:
                 res = any(self.has_factor(i) for i in op.inputs)
             elif op.kind == "div":
                 res = self.has_factor(op.inputs[0]) and not self.has_factor(op.inputs[1])

@@ -1,0 +1,183 @@
+"""Zigzag (load-balanced) ring attention as XLA compiles it (bench/xla_examples.py).
+
+XLA partitions the un-permute after `shard_map` (a take of the zigzag-ordered output
+along the sharded dim): each rank places its rows where the inverse permutation sends
+them, zeros elsewhere, and an all_reduce sums the placements; the rows are read in
+chunks, a reshape that splits them right after the online softmax's last merge.
+dlverify/reorders.py reads that un-permute (evaluated on every rank; an all_reduce is
+movement only where each element has one nonzero term) and computes it as the gather
+of an all_gather; dlverify/shift_algebra.py pushes the merges' factors below no
+reshape the rewrite cannot follow, so the one that splits the rows reads a value
+already shift-free.
+
+Soundness: the canonical form computes, by the shared evaluator, what the placements
+compute on every rank; a placement where two ranks write one element, or a table
+that is not the inverse, is not read; the online-softmax rewrite keeps every output;
+every derived view is checked on a run of both programs; the compiled twins stay not
+verified and located at their `# BUG` line.
+"""
+# XLA_FLAGS (8 host devices): tests/conftest.py
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hlo_pairs import assert_compiled_case_and_twin, assert_pair_verifies, compiled_pair, example_module, \
+    verify_texts
+from test_ring_attention import ARGS, _heads, _outputs_unchanged_by_the_rewrite, _reference, _two_blocks, \
+    _views_hold
+
+from dlverify.api import verify_jax
+from dlverify.frontends.jaxpr import import_jax
+from dlverify.hlo_api import hlo_problem
+from dlverify.interpret import Interpreter
+from dlverify.ir import IdAllocator
+from dlverify.reorders import canonical, gathered_output_chain, inverse
+
+SEQ = """HloModule seq
+
+ENTRY %main (x: f32[8,2]) -> f32[8,2] {
+  %x = f32[8,2]{1,0} parameter(0)
+  ROOT %y = f32[8,2]{1,0} exponential(%x)
+}
+"""
+
+# CP=2, four chunks of two rows: rank r picks chunks ORDER[2r], ORDER[2r+1] of the
+# replicated input (XLA's form of the take before shard_map), and puts its rows back
+# as XLA partitions the take after it: chunk i of the output is zigzag chunk BACK[i],
+# placed by the rank that holds it (BACK[i] - 2r in [0, 2)), zeros elsewhere, summed.
+DIST = """HloModule dist, num_partitions=2
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+ENTRY %main (x: f32[8,2]) -> f32[8,2] {
+  %x = f32[8,2]{1,0} parameter(0), sharding={replicated}
+  %pid = u32[] partition-id()
+  %r = s32[] convert(%pid)
+  %two = s32[] constant(2)
+  %start = s32[] multiply(%r, %two)
+  %order = s32[4]{0} constant({0, 3, 1, 2})
+  %mine = s32[2]{0} dynamic-slice(%order, %start), dynamic_slice_sizes={2}
+  %idx = s32[2,1]{1,0} reshape(%mine)
+  %chunks = f32[4,2,2]{2,1,0} reshape(%x)
+  %g = f32[2,1,2,2]{3,2,1,0} gather(%chunks, %idx), offset_dims={1,2,3}, collapsed_slice_dims={}, start_index_map={0}, index_vector_dim=1, slice_sizes={1,2,2}
+  %local = f32[4,2]{1,0} reshape(%g)
+  %y = f32[4,2]{1,0} exponential(%local)
+  %yc = f32[2,2,2]{2,1,0} reshape(%y)
+  %back = s32[4]{0} constant({0, 2, 3, 1})
+  %sb = s32[4]{0} broadcast(%start), dimensions={}
+  %lo = pred[4]{0} compare(%back, %sb), direction=LT
+  %one = s32[] constant(1)
+  %end = s32[] add(%start, %one)
+  %eb = s32[4]{0} broadcast(%end), dimensions={}
+  %hi = pred[4]{0} compare(%back, %eb), direction=GT
+  %away = pred[4]{0} or(%lo, %hi)
+  %mask = pred[4,2,2]{2,1,0} broadcast(%away), dimensions={0}
+  %rel = s32[4]{0} subtract(%back, %sb)
+  %ridx = s32[4,1]{1,0} reshape(%rel)
+  %picked = f32[4,1,2,2]{3,2,1,0} gather(%yc, %ridx), offset_dims={1,2,3}, collapsed_slice_dims={}, start_index_map={0}, index_vector_dim=1, slice_sizes={1,2,2}
+  %p = f32[4,2,2]{2,1,0} reshape(%picked)
+  %zero = f32[] constant(0)
+  %zeros = f32[4,2,2]{2,1,0} broadcast(%zero), dimensions={}
+  %placed = f32[4,2,2]{2,1,0} select(%mask, %zeros, %p)
+  %sum = f32[4,2,2]{2,1,0} all-reduce(%placed), channel_id=1, replica_groups={{0,1}}, use_global_device_ids=true, to_apply=%add
+  ROOT %o = f32[8,2]{1,0} reshape(%sum)
+}
+"""
+
+TWINS = {
+    # the zigzag order again instead of its inverse
+    "not_inverse": ("constant({0, 2, 3, 1})", "constant({0, 3, 1, 2})"),
+    # every rank places every chunk it gathers (indices clamped): rows summed twice
+    "unmasked": ("select(%mask, %zeros, %p)", "select(%mask, %p, %p)"),
+    # a mask one chunk too narrow: the rank's second chunk dropped
+    "mask_off_by_one": ("direction=GT", "direction=GE"),
+    # the sum over the wrong group (each rank alone): a rank's own chunks only
+    "groups_split": ("replica_groups={{0,1}}", "replica_groups={{0},{1}}"),
+}
+
+
+def _problem(tmp_path, dist: str):
+    (tmp_path / "seq.hlo").write_text(SEQ)
+    (tmp_path / "dist.hlo").write_text(dist)
+    return hlo_problem(tmp_path / "seq.hlo", tmp_path / "dist.hlo", None, None, IdAllocator())
+
+
+def test_the_partitioned_unpermute_verifies(tmp_path):
+    res = assert_pair_verifies(tmp_path, SEQ, DIST, ["out0 = r0.out0  (replicated on all 2 ranks)"])
+    assert any("put back in the natural order" in n for n in res.notes)
+
+
+def test_the_unpermute_is_read_as_the_inverse_and_its_gather_computes_the_same(tmp_path):
+    """The chain read is the inverse of the pick, and the canonical form (gather of an
+    all_gather) computes, by the shared evaluator, what the placements compute on
+    every rank."""
+    problem = _problem(tmp_path, DIST)
+    g = problem.dist
+    chain = gathered_output_chain(problem, g.outputs[0])
+    assert chain is not None and chain.dim == 0
+    assert chain.perm == inverse((0, 1, 6, 7, 2, 3, 4, 5))      # rows of chunks 0, 3, 1, 2
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 2)).astype(np.float32)
+    coords = lambda r, a: problem.mesh.coords(r)[a]   # noqa: E731
+    before = Interpreter(g, 2, coords).run([[x, x]])[g.outputs[0]]
+    canonical(g, chain, problem.ids)
+    after = Interpreter(g, 2, coords).run([[x, x]])[g.outputs[0]]
+    for r in range(2):
+        np.testing.assert_array_equal(before[r], after[r])
+        np.testing.assert_allclose(after[r], np.exp(x), rtol=1e-6)
+
+
+@pytest.mark.parametrize("twin", sorted(TWINS))
+def test_a_wrong_unpermute_is_not_verified(tmp_path, twin):
+    old, new = TWINS[twin]
+    assert old in DIST
+    dist = DIST.replace(old, new)
+    res = verify_texts(tmp_path, SEQ, dist)
+    assert not res.verified
+    if twin != "not_inverse":   # (a permutation, read, but not the inverse of the pick)
+        problem = _problem(tmp_path, dist)
+        assert gathered_output_chain(problem, problem.dist.outputs[0]) is None
+
+
+# ------------------------------------------------ the merges' factors above a row split
+
+def _split_rows(f):
+    """f's [heads, T, dh] result with its query rows split in two chunks."""
+    return lambda *a: f(*a).reshape(a[0].shape[0], 2, a[0].shape[1] // 2, a[0].shape[2])
+
+
+def test_the_merges_before_a_reshape_that_splits_the_rows_verify():
+    """The online softmax's last merge read in chunks (XLA's un-permute reads the rows
+    as [chunks, chunk, d]): the reshape is outside the shift algebra, so the value it
+    reads is rewritten shift-free, every output kept."""
+    seq, dist = _split_rows(_reference), _heads(_split_rows(_two_blocks(True)))
+    _outputs_unchanged_by_the_rewrite(import_jax(seq, dist, ARGS))
+    res = verify_jax(seq, dist, *ARGS, engine="clingo")
+    assert res.verified, [(f.op, f.line, f.message) for f in res.failures[:2]]
+    _views_hold(res)
+
+
+def test_a_missing_rescale_before_a_row_split_is_not_verified():
+    seq, dist = _split_rows(_reference), _heads(_split_rows(_two_blocks(False)))
+    _outputs_unchanged_by_the_rewrite(import_jax(seq, dist, ARGS))
+    assert not verify_jax(seq, dist, *ARGS, engine="clingo").verified
+
+
+# ------------------------------------------------ the compiled examples
+
+def test_compiled_zigzag_causal_verifies_and_its_unpermute_twin_is_located(tmp_path):
+    mod = example_module("ring_attention_zigzag")
+    assert_compiled_case_and_twin(tmp_path, mod.ring_zigzag_causal(),
+                                  mod.ring_zigzag_bug_unpermute_not_inverse(), dumped=True)
+
+
+@pytest.mark.parametrize("name", ["ring_zigzag_fori_loop", "ring_zigzag_per_rank_pick",
+                                  "ring_zigzag_grads"])
+def test_compiled_zigzag_case_verifies(tmp_path, name):
+    case = getattr(example_module("ring_attention_zigzag"), name)()
+    res = verify_texts(tmp_path, *compiled_pair(case, dumped=True))
+    assert res.verified, [(f.op, f.line, f.message[:200]) for f in res.failures[:2]]
