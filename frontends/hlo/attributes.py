@@ -65,6 +65,30 @@ def ints(s: str | None) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"-?\d+", s))
 
 
+def parse_window(spec: str | None, rank: int) -> dict[str, list]:
+    """A `window={size=.. stride=.. pad=lo_hi.. lhs_dilate=.. rhs_dilate=..
+    rhs_reversal=..}` attribute (reduce-window, convolution), one entry per dim,
+    with XLA's defaults for what it omits."""
+    text = (spec or "").strip().strip("{}")
+    win: dict[str, list] = {"size": [1] * rank, "stride": [1] * rank, "pad": [(0, 0)] * rank,
+                            "lhs_dilate": [1] * rank, "rhs_dilate": [1] * rank,
+                            "rhs_reversal": [0] * rank}
+    for part in text.split():
+        key, _, val = part.partition("=")
+        if key not in win:
+            raise ValueError(f"unknown window attribute {key!r}")
+        dims = val.split("x")
+        if len(dims) != rank:
+            raise ValueError(f"window {key}={val} does not give one entry per dim of rank {rank}")
+        if key == "pad":
+            win[key] = [tuple(int(x) for x in d.split("_")) for d in dims]
+            if any(len(p) != 2 for p in win[key]):
+                raise ValueError(f"bad window pad={val}")
+        else:
+            win[key] = [int(d) for d in dims]
+    return win
+
+
 def _iota_devices(dims: list[int], reshape: list[int], perm: list[int] | None) -> np.ndarray:
     total = _device_count(reshape, "iota device list")
     arr = np.arange(total).reshape(reshape)

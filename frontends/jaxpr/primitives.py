@@ -80,11 +80,15 @@ def _bcast(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
 
 @exporter("reshape", "squeeze", "expand_dims")
 def _reshape(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
-    if eqn.primitive.name == "reshape" and eqn.params.get("dimensions") not in (None, ()):
-        raise UnknownOpError("reshape with `dimensions` (a transpose first) is not supported",
-                             *_where(eqn))
     shape, dtype = _out(eqn)
-    return [ctx.b.op("reshape", ins[:1], shape, dtype, {}, _loc(eqn), eqn.primitive.name)]
+    x = ins[0]
+    dims = eqn.params.get("dimensions") if eqn.primitive.name == "reshape" else None
+    if dims not in (None, ()):   # lax.reshape(x, sizes, dimensions): x transposed first
+        perm = tuple(int(d) for d in dims)
+        src = eqn.invars[0].aval.shape
+        x = ctx.b.op("transpose", [x], tuple(int(src[p]) for p in perm), dtype,
+                     {"permutation": perm}, _loc(eqn), "reshape")
+    return [ctx.b.op("reshape", [x], shape, dtype, {}, _loc(eqn), eqn.primitive.name)]
 
 
 EXPORTERS["transpose"] = _simple("transpose", lambda e: {"permutation": tuple(int(p) for p in e.params["permutation"])})

@@ -8,7 +8,7 @@ from typing import Any, TYPE_CHECKING
 
 import numpy as np
 
-from dlverify.frontends.hlo.attributes import ints
+from dlverify.frontends.hlo.attributes import ints, parse_window
 from dlverify.frontends.hlo.model import np_dtype
 from dlverify.frontends.hlo.model import HloComputation, HloInstruction
 from dlverify.frontends.hlo.ops.argreduce import arg_reduce
@@ -90,29 +90,6 @@ def _reduce(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputatio
 _SCAN_KINDS = {"add": "cumsum", "multiply": "cumprod", "maximum": "cummax", "minimum": "cummin"}
 
 
-def _window(L: Lowerer, ins: HloInstruction, rank: int) -> dict[str, list]:
-    """The `window={size=.. stride=.. pad=lo_hi.. lhs_dilate=.. rhs_dilate=..}`
-    attribute, one entry per dim, with XLA's defaults for what it omits."""
-    spec = (ins.attrs.get("window") or "").strip().strip("{}")
-    win: dict[str, list] = {"size": [1] * rank, "stride": [1] * rank, "pad": [(0, 0)] * rank,
-                            "lhs_dilate": [1] * rank, "rhs_dilate": [1] * rank,
-                            "rhs_reversal": [0] * rank}
-    for part in spec.split():
-        key, _, val = part.partition("=")
-        if key not in win:
-            raise L.unknown(ins, f"reduce-window with window attribute {key!r}")
-        dims = val.split("x")
-        if len(dims) != rank:
-            raise L.err(ins, f"window {key}={val} does not give one entry per dim of rank {rank}")
-        if key == "pad":
-            win[key] = [tuple(int(x) for x in d.split("_")) for d in dims]
-            if any(len(p) != 2 for p in win[key]):
-                raise L.err(ins, f"bad window pad={val}")
-        else:
-            win[key] = [int(d) for d in dims]
-    return win
-
-
 def _identity_init(L: Lowerer, ins: HloInstruction, init: int, op: str) -> None:
     """A reduce-window's init enters every window once: only the reducer's identity
     leaves the windows' reductions unchanged."""
@@ -182,7 +159,7 @@ def _reduce_window(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloCom
         raise L.unknown(ins, "variadic (tuple) reduce-window is not supported")
     x, init = L.tid(ins, ops[0]), L.tid(ins, ops[1])
     shape = L.shape_of(x)
-    win = _window(L, ins, len(shape))
+    win = parse_window(ins.attrs.get("window"), len(shape))
     moved = [d for d in range(len(shape)) if win["size"][d] != 1 or win["pad"][d] != (0, 0)]
     d = moved[0] if len(moved) == 1 else -1
     n = shape[d] if d >= 0 else 0

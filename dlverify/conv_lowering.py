@@ -1,0 +1,320 @@
+"""Convolutions (`lax.conv_general_dilated`, HLO `convolution`) expanded into their
+definition in existing IR ops, so every rule family that relates pads, slices,
+reshapes, dots and adds relates convolutions too, and the shared evaluator checks
+the same ops the rules read. Both frontends parse their attributes into one
+`ConvSpec` and call `lower_conv`.
+
+The definition (XLA's operation semantics), with the operand laid out as
+x[n, c, s...] and the kernel as w[o, i, k...]:
+
+    xp = x with lo/hi padding and (lhs_dilation - 1) zeros between elements
+    out[n, o, p...] = sum over taps t... and i of
+                      xp[n, g*I + i, p*stride + t*rhs_dilation] * w[o, i, t]
+
+where g is o's feature group (feature_group_count groups: input features I per
+group, output features O/G per group); with batch_group_count B the batch is
+split into B groups instead, output feature group b reading batch group b. So:
+one dot per kernel tap, of a slice of the padded operand with that tap's weights,
+summed over the taps. A stride s reads every s-th element: the tap's slice is cut
+to out*s elements (after zeros appended at the high end, which no tap reads),
+split into (out, s) and its first column kept, all slices of stride 1, which is
+what the layout rules relate. Windows that tile the operand (stride = window, no
+padding or dilation: a ViT patch embedding) are one dot of the operand split into
+(patches, window). Each step is an identity over the reals; tests/test_conv.py
+checks the expansion against `lax.conv_general_dilated` numerically.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from dlverify.errors import InputError, UnknownOpError
+
+# (kind, inputs, shape, params) -> the new op's result tensor, in the conv's dtype,
+# reported at the conv's source location
+Emit = Callable[[str, list[int], tuple[int, ...], dict], int]
+
+
+@dataclass(frozen=True)
+class ConvSpec:
+    """A convolution's attributes, one entry per spatial dim where per-dim.
+    lhs_spec: (batch dim, feature dim, spatial dims...) of the operand; rhs_spec:
+    (output feature dim, input feature dim, spatial dims...) of the kernel;
+    out_spec: (batch dim, feature dim, spatial dims...) of the result (JAX's
+    ConvDimensionNumbers; HLO's dim_labels)."""
+
+    lhs_spec: tuple[int, ...]
+    rhs_spec: tuple[int, ...]
+    out_spec: tuple[int, ...]
+    strides: tuple[int, ...]
+    padding: tuple[tuple[int, int], ...]
+    lhs_dilation: tuple[int, ...]
+    rhs_dilation: tuple[int, ...]
+    feature_group_count: int = 1
+    batch_group_count: int = 1
+
+
+@dataclass(frozen=True)
+class ConvSite:
+    """Where a convolution is expanded: how to emit an op, and a scalar zero of
+    its dtype (the padding value)."""
+
+    emit: Emit
+    zero: Callable[[], int]
+
+
+def _transpose(site: ConvSite, t: int, shape: tuple[int, ...], perm: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
+    if perm == tuple(range(len(perm))):
+        return t, shape
+    out = tuple(shape[p] for p in perm)
+    return site.emit("transpose", [t], out, {"permutation": perm}), out
+
+
+def _reshape(site: ConvSite, t: int, shape: tuple[int, ...], out: tuple[int, ...]) -> int:
+    return t if out == shape else site.emit("reshape", [t], out, {})
+
+
+def _slice(site: ConvSite, t: int, shape: tuple[int, ...], start: tuple[int, ...],
+           limit: tuple[int, ...]) -> int:
+    if start == (0,) * len(shape) and limit == shape:
+        return t
+    return site.emit("slice", [t], tuple(b - a for a, b in zip(start, limit)),
+                     {"start_indices": start, "limit_indices": limit, "strides": None})
+
+
+def _check(spec: ConvSpec, x: tuple[int, ...], w: tuple[int, ...], out: tuple[int, ...],
+           where: tuple[str, int | None]) -> tuple[int, ...]:
+    """The output's spatial sizes, after checking the attributes fit the shapes."""
+    k = len(x) - 2
+    per_dim = (spec.strides, spec.padding, spec.lhs_dilation, spec.rhs_dilation)
+    if len(w) != k + 2 or len(out) != k + 2 or any(len(v) != k for v in per_dim) or \
+            sorted(spec.lhs_spec) != list(range(k + 2)) or \
+            sorted(spec.rhs_spec) != list(range(k + 2)) or \
+            sorted(spec.out_spec) != list(range(k + 2)):
+        raise InputError(f"convolution with inconsistent dims: operand {x}, kernel {w}, "
+                             f"result {out}, {spec}", *where)
+    if any(v < 1 for v in spec.strides + spec.lhs_dilation + spec.rhs_dilation):
+        raise InputError(f"convolution with a stride or dilation below 1: {spec}", *where)
+    G, B = spec.feature_group_count, spec.batch_group_count
+    n, c, o, i = x[0], x[1], w[0], w[1]
+    if G < 1 or B < 1 or (G > 1 and B > 1) or c != i * G or o % (G * B) or n % B:
+        raise InputError(f"convolution groups do not fit: {G} feature groups, {B} batch "
+                             f"groups, operand {x}, kernel {w}", *where)
+    sizes = []
+    for d in range(k):
+        (lo, hi), ld, rd, s = spec.padding[d], spec.lhs_dilation[d], spec.rhs_dilation[d], spec.strides[d]
+        padded = (x[2 + d] - 1) * ld + 1 + lo + hi
+        span = (w[2 + d] - 1) * rd + 1
+        sizes.append(max(0, (padded - span) // s + 1) if padded >= span else 0)
+    want = (n // B, o) + tuple(sizes)
+    if tuple(out[p] for p in spec.out_spec) != want:
+        raise InputError(f"convolution result {out} does not fit operand {x}, kernel {w} "
+                             f"and {spec}", *where)
+    return tuple(sizes)
+
+
+def _padded(site: ConvSite, x: int, shape: tuple[int, ...], spec: ConvSpec,
+            extra: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
+    """The operand, in its own layout (spatial dim d is dim lhs_spec[2 + d]: a halo
+    exchange pads or concatenates in that layout), with its padding, lhs dilation
+    and `extra` zeros at the high end of each spatial dim. Negative padding crops the
+    padded (and dilated) operand, so it is a slice after the positive part, and the
+    extra zeros come after that."""
+    rank = len(shape)
+    where = {dim: d for d, dim in enumerate(spec.lhs_spec[2:])}
+
+    def per_dim(f) -> list:
+        return [f(where[i]) if i in where else None for i in range(rank)]
+
+    def pad(t: int, sh: tuple[int, ...], cfg: list) -> tuple[int, tuple[int, ...]]:
+        cfg = [c or (0, 0, 0) for c in cfg]
+        if all(c == (0, 0, 0) for c in cfg):
+            return t, sh
+        out = tuple(lo + (n - 1) * (it + 1) + 1 + hi for n, (lo, hi, it) in zip(sh, cfg))
+        return site.emit("pad", [t, site.zero()], out, {"padding_config": tuple(cfg)}), out
+
+    cropped = any(lo < 0 or hi < 0 for lo, hi in spec.padding)
+    x, sh = pad(x, shape, per_dim(lambda d: (
+        max(spec.padding[d][0], 0), max(spec.padding[d][1], 0) + (0 if cropped else extra[d]),
+        spec.lhs_dilation[d] - 1)))
+    if not cropped:
+        return x, sh
+    start = tuple(v or 0 for v in per_dim(lambda d: -min(spec.padding[d][0], 0)))
+    cut = tuple(v or 0 for v in per_dim(lambda d: -min(spec.padding[d][1], 0)))
+    limit = tuple(n - c for n, c in zip(sh, cut))
+    x = _slice(site, x, sh, start, limit)
+    sh = tuple(b - a for a, b in zip(start, limit))
+    return pad(x, sh, per_dim(lambda d: (0, extra[d], 0)))
+
+
+def _tap_rows(site: ConvSite, xp: int, shape: tuple[int, ...], tap: tuple[int, ...],
+              spec: ConvSpec, sizes: tuple[int, ...]) -> int:
+    """The padded operand's elements one tap reads: [n, c, out...], every stride-th."""
+    k = len(sizes)
+    start = (0, 0) + tuple(t * rd for t, rd in zip(tap, spec.rhs_dilation))
+    limit = shape[:2] + tuple(a + o * s for a, o, s in zip(start[2:], sizes, spec.strides))
+    t = _slice(site, xp, shape, start, limit)
+    if all(s == 1 for s in spec.strides):
+        return t
+    split = shape[:2] + tuple(v for o, s in zip(sizes, spec.strides) for v in (o, s))
+    t = _reshape(site, t, tuple(b - a for a, b in zip(start, limit)), split)
+    first = shape[:2] + tuple(v for o in sizes for v in (o, 1))
+    t = _slice(site, t, split, (0,) * len(split), first)
+    return _reshape(site, t, first, shape[:2] + sizes) if k else t
+
+
+def _dot(site: ConvSite, xt: int, wt: int, n: int, c: int, o: int, i: int,
+         sizes: tuple[int, ...], win: tuple[int, ...], G: int, B: int) -> tuple[int, tuple[int, ...]]:
+    """xt [n, c, out..., win...] times wt [o, i, win...], contracting the input
+    features and the window dims (one tap: no window; one output position: no out
+    dims), in the dot's own output layout."""
+    k, m = len(sizes), len(win)
+    if G == 1 and B == 1:   # -> [n, out..., o]
+        out = (n,) + sizes + (o,)
+        return site.emit("dot_general", [xt, wt], out, {
+            "lhs_contract": (1,) + tuple(2 + k + j for j in range(m)),
+            "rhs_contract": (1,) + tuple(2 + j for j in range(m)),
+            "lhs_batch": (), "rhs_batch": ()}), out
+    if G > 1:   # [n, G, i, out..., win...] x [G, o/G, i, win...] -> [G, n, out..., o/G]
+        xs = _reshape(site, xt, (n, c) + sizes + win, (n, G, i) + sizes + win)
+        ws = _reshape(site, wt, (o, i) + win, (G, o // G, i) + win)
+        out = (G, n) + sizes + (o // G,)
+        return site.emit("dot_general", [xs, ws], out, {
+            "lhs_contract": (2,) + tuple(3 + k + j for j in range(m)),
+            "rhs_contract": (2,) + tuple(3 + j for j in range(m)),
+            "lhs_batch": (1,), "rhs_batch": (0,)}), out
+    # batch groups: [B, n/B, c, out..., win...] x [B, o/B, i, win...] -> [B, n/B, out..., o/B]
+    xs = _reshape(site, xt, (n, c) + sizes + win, (B, n // B, c) + sizes + win)
+    ws = _reshape(site, wt, (o, i) + win, (B, o // B, i) + win)
+    out = (B, n // B) + sizes + (o // B,)
+    return site.emit("dot_general", [xs, ws], out, {
+        "lhs_contract": (2,) + tuple(3 + k + j for j in range(m)),
+        "rhs_contract": (2,) + tuple(3 + j for j in range(m)),
+        "lhs_batch": (0,), "rhs_batch": (0,)}), out
+
+
+def _canonical(site: ConvSite, y: int, shape: tuple[int, ...], n: int, o: int,
+               sizes: tuple[int, ...], G: int, B: int) -> int:
+    """The summed taps as [n', o, out...] (n' = n / B)."""
+    k = len(sizes)
+    if G == 1 and B == 1:   # [n, out..., o]
+        y, _ = _transpose(site, y, shape, (0, k + 1) + tuple(range(1, k + 1)))
+        return y
+    if G > 1:   # [G, n, out..., o/G] -> [n, G, o/G, out...]
+        y, sh = _transpose(site, y, shape, (1, 0, k + 2) + tuple(range(2, k + 2)))
+        return _reshape(site, y, sh, (n, o) + sizes)
+    # [B, n/B, out..., o/B] -> [n/B, B, o/B, out...]
+    y, sh = _transpose(site, y, shape, (1, 0, k + 2) + tuple(range(2, k + 2)))
+    return _reshape(site, y, sh, (n // B, o) + sizes)
+
+
+def _patches(site: ConvSite, x: int, xs: tuple[int, ...], w: int, ws: tuple[int, ...],
+             sizes: tuple[int, ...]) -> int:
+    """Windows that tile the operand: x [n, c, s...] cut to out*k and split into
+    (out, k) per spatial dim, contracted with w [o, i, k...] over (c, k...) in one
+    dot: [n, out..., o]."""
+    kern = ws[2:]
+    used = xs[:2] + tuple(o * kk for o, kk in zip(sizes, kern))
+    x = _slice(site, x, xs, (0,) * len(xs), used)
+    split = xs[:2] + tuple(v for o, kk in zip(sizes, kern) for v in (o, kk))
+    x = _reshape(site, x, used, split)
+    k = len(sizes)
+    out = (xs[0],) + sizes + (ws[0],)
+    return site.emit("dot_general", [x, w], out, {
+        "lhs_contract": (1,) + tuple(3 + 2 * d for d in range(k)),
+        "rhs_contract": (1,) + tuple(2 + d for d in range(k)),
+        "lhs_batch": (), "rhs_batch": ()})
+
+
+def _grid(site: ConvSite, pieces: dict[tuple[int, ...], int], lead: tuple[int, ...],
+          sizes: tuple[int, ...]) -> int:
+    """One tensor [lead..., out...] from the pieces [lead..., 1...] of every output
+    position, concatenated along the last spatial dim first."""
+    k = len(sizes)
+    rows = dict(pieces)
+    for d in reversed(range(k)):
+        joined: dict[tuple[int, ...], int] = {}
+        for pos in sorted({p[:d] for p in rows}):
+            parts = [rows[pos + (q,)] for q in range(sizes[d])]
+            shape = lead + sizes[:d] + (sizes[d],) + sizes[d + 1:]
+            joined[pos] = parts[0] if len(parts) == 1 else site.emit(
+                "concatenate", parts, shape, {"dimension": len(lead) + d})
+        rows = joined
+    return rows[()]
+
+
+def _taps(site: ConvSite, xp: int, ps: tuple[int, ...], w: int, ws: tuple[int, ...],
+          spec: ConvSpec, sizes: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
+    """The sum over kernel taps of each tap's dot (rows of the padded operand)."""
+    n, c, o, i, k = ps[0], ps[1], ws[0], ws[1], len(sizes)
+    G, B = spec.feature_group_count, spec.batch_group_count
+    y, ys = -1, ()
+    for tap in itertools.product(*(range(kk) for kk in ws[2:])):
+        xt = _tap_rows(site, xp, ps, tap, spec, sizes)
+        wt = _slice(site, w, ws, (0, 0) + tap, (o, i) + tuple(t + 1 for t in tap))
+        wt = _reshape(site, wt, (o, i) + (1,) * k, (o, i))
+        d, ds = _dot(site, xt, wt, n, c, o, i, sizes, (), G, B)
+        y, ys = (d, ds) if y < 0 else (site.emit("add", [y, d], ds, {}), ds)
+    return _canonical(site, y, ys, n, o, sizes, G, B), ys
+
+
+def _positions(site: ConvSite, xp: int, ps: tuple[int, ...], w: int, ws: tuple[int, ...],
+               spec: ConvSpec, sizes: tuple[int, ...]) -> int:
+    """One dot per output position, contracting its window (contiguous: no kernel
+    dilation) with the whole kernel; the positions concatenated. Chosen when there
+    are fewer positions than taps: a kernel gradient, whose window is the forward's
+    output, then contracts the positions a rank holds, a partial sum like any dot's."""
+    n, c, o, i, k = ps[0], ps[1], ws[0], ws[1], len(sizes)
+    G, B = spec.feature_group_count, spec.batch_group_count
+    win = ws[2:]
+    pieces = {}
+    for pos in itertools.product(*(range(m) for m in sizes)):
+        start = (0, 0) + tuple(p * st for p, st in zip(pos, spec.strides))
+        limit = (n, c) + tuple(a + kk for a, kk in zip(start[2:], win))
+        xt = _slice(site, xp, ps, start, limit)
+        d, ds = _dot(site, xt, w, n, c, o, i, (), win, G, B)
+        y = _canonical(site, d, ds, n, o, (), G, B)
+        pieces[pos] = _reshape(site, y, (n // B, o), (n // B, o) + (1,) * k)
+    return _grid(site, pieces, (n // B, o), sizes)
+
+
+def lower_conv(site: ConvSite, lhs: int, lhs_shape: tuple[int, ...], rhs: int,
+               rhs_shape: tuple[int, ...], out_shape: tuple[int, ...], spec: ConvSpec,
+               where: tuple[str, int | None]) -> int:
+    """The convolution's result, of `out_shape`, as IR ops emitted through `site`.
+    `where` (file, line) names the instruction in errors."""
+    xs = tuple(lhs_shape[p] for p in spec.lhs_spec)
+    w, ws = _transpose(site, rhs, rhs_shape, spec.rhs_spec)
+    sizes = _check(spec, xs, ws, tuple(out_shape), where)
+    k = len(sizes)
+    n, o = xs[0], ws[0]
+    G, B = spec.feature_group_count, spec.batch_group_count
+    if 0 in xs or 0 in ws or 0 in sizes:
+        raise UnknownOpError(f"convolution with an empty dim: operand {xs}, kernel {ws}", *where)
+    plain = all(p == (0, 0) for p in spec.padding) and \
+        all(v == 1 for v in spec.lhs_dilation + spec.rhs_dilation)
+    if plain and G == 1 and B == 1 and k and tuple(spec.strides) == ws[2:]:
+        x, _ = _transpose(site, lhs, lhs_shape, spec.lhs_spec)
+        y = _patches(site, x, xs, w, ws, sizes)
+        y = _canonical(site, y, (n,) + sizes + (o,), n, o, sizes, G, B)
+    else:
+        # zeros at the high end so every tap's cut of out*stride elements fits
+        span = [(kk - 1) * rd for kk, rd in zip(ws[2:], spec.rhs_dilation)]
+        padded_size = [(s - 1) * ld + 1 + lo + hi for s, ld, (lo, hi) in
+                       zip(xs[2:], spec.lhs_dilation, spec.padding)]
+        extra = tuple(max(0, sp + o_ * st - p) for sp, o_, st, p in
+                      zip(span, sizes, spec.strides, padded_size))
+        xp, ps = _padded(site, lhs, tuple(lhs_shape), spec, extra)
+        xp, ps = _transpose(site, xp, ps, spec.lhs_spec)
+        if math.prod(sizes) < math.prod(ws[2:]) and all(rd == 1 for rd in spec.rhs_dilation):
+            y = _positions(site, xp, ps, w, ws, spec, sizes)
+        else:
+            y, _ = _taps(site, xp, ps, w, ws, spec, sizes)
+    # [n', o, out...] -> the result's layout: out dim out_spec[j] holds canonical dim j
+    inv = [0] * (k + 2)
+    for j, d in enumerate(spec.out_spec):
+        inv[d] = j
+    y, _ = _transpose(site, y, (n // B, o) + sizes, tuple(inv))
+    return y
