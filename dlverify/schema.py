@@ -451,6 +451,12 @@ RULE_FAMILIES: tuple[RuleFamily, ...] = (
     _family(26, "Key_PadDot", "padded.dl", "dot_general", "a dot_general of padded blocks"),
     _family(27, "Key_PadLayout", "padded.dl", "broadcast_in_dim transpose reshape",
             "the same data movement of padded blocks on both sides"),
+    _family(28, "Key_PadShift", "halo.dl", "pad",
+            "a block of a sequential zero pad's operand, shifted into its result"),
+    _family(29, "Key_PadZeros", "halo.dl", "pad collective_permute",
+            "a zero block inside a sequential zero pad's padding"),
+    _family(30, "Key_PadExtend", "halo.dl", "pad",
+            "a distributed zero pad of a block, extended into the sequential padding"),
 )
 CONSTANTS: tuple[Constant, ...] = (UNIT, *REDUCER_CONSTANTS, *TAG_CONSTANTS,
                                    *(f.const for f in RULE_FAMILIES))

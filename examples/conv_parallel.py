@@ -1,0 +1,255 @@
+"""Convolutions split over ranks: channel (tensor) parallelism, data parallelism,
+and spatial parallelism with halo exchange, as in CNNs, ViT patch embeddings and
+the causal depthwise conv of Mamba/Hyena-style sequence models.
+
+- Channel parallel (TP=2): conv1's output channels are split over 'tp' (its kernel
+  split on O), conv2 reads its own input channels (its kernel split on I) and
+  the partial sums are psum'd. Forward and weight gradients.
+- Causal depthwise conv1d over a sequence split over 'sp' (SP=4): rank r needs
+  the last K-1 positions of rank r-1 (a halo), received with ppermute; rank 0
+  receives nothing (zeros), which is the causal zero padding.
+- 2-D halo exchange (SP=4 over image rows): a 3x3 SAME conv on a row block reads
+  one row above and one below from the neighbours; the image border's zero rows
+  are the ppermute's zeros on the first and last rank.
+- ViT patch embedding with the embedding dim split over 'tp'.
+
+Twins: the halo from the wrong neighbour; each shard zero-padded on its own (the
+causal conv restarts on every shard); channel-parallel conv2 without its psum;
+the 2-D halo rows swapped.
+"""
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+import dlverify
+
+TP, SP = 2, 4
+B, C, H, W = 2, 4, 8, 8          # images (NCHW)
+C1, C2 = 8, 6                    # conv1 / conv2 output channels
+L, D, K = 32, 4, 4               # sequence length, channels, causal kernel size
+LOCAL = L // SP
+IMG_ROWS = H // SP
+
+
+def _conv(x, w, padding="SAME", stride=(1, 1)):
+    return lax.conv_general_dilated(x, w, stride, padding)
+
+
+# -- channel parallel ---------------------------------------------------------
+
+def _cnn_args():
+    f32 = jnp.float32
+    return (jax.ShapeDtypeStruct((B, C, H, W), f32), jax.ShapeDtypeStruct((C1, C, 3, 3), f32),
+            jax.ShapeDtypeStruct((C2, C1, 3, 3), f32))
+
+
+def cnn_seq(x, w1, w2):
+    return _conv(jax.nn.relu(_conv(x, w1)), w2)
+
+
+def cnn_local(x, w1, w2):
+    h = jax.nn.relu(_conv(x, w1))                 # this rank's C1 / TP channels
+    return lax.psum(_conv(h, w2), "tp")           # partial sums over the input channels
+
+
+def cnn_local_missing_psum(x, w1, w2):
+    h = jax.nn.relu(_conv(x, w1))
+    return _conv(h, w2)  # BUG: conv2 sums only this rank's input channels, no psum
+
+
+def _cnn_dist(fn, out_specs=P(), check_vma=True):
+    mesh = dlverify.host_mesh((TP,), ("tp",))
+    return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=(P(), P("tp"), P(None, "tp")),
+                                 out_specs=out_specs, check_vma=check_vma))
+
+
+@dlverify.case
+def conv_channel_parallel():
+    return dlverify.Case(seq=cnn_seq, dist=_cnn_dist(cnn_local), args=_cnn_args(),
+                         expect="verified",
+                         description="conv1 split on output channels, conv2 on input channels, psum; TP=2")
+
+
+@dlverify.case
+def conv_channel_parallel_bug_missing_psum():
+    return dlverify.Case(seq=cnn_seq, dist=_cnn_dist(cnn_local_missing_psum, check_vma=False),
+                         args=_cnn_args(), expect="bug",
+                         description="channel-parallel conv2 without the psum of its partial sums")
+
+
+def cnn_grads_seq(x, w1, w2):
+    return jax.grad(lambda a, b: jnp.sum(cnn_seq(x, a, b) ** 2), argnums=(0, 1))(w1, w2)
+
+
+def cnn_grads_local(x, w1, w2):
+    return jax.grad(lambda a, b: jnp.sum(cnn_local(x, a, b) ** 2), argnums=(0, 1))(w1, w2)
+
+
+@dlverify.case
+def conv_channel_parallel_grads():
+    return dlverify.Case(seq=cnn_grads_seq,
+                         dist=_cnn_dist(cnn_grads_local, out_specs=(P("tp"), P(None, "tp"))),
+                         args=_cnn_args(), expect="verified",
+                         description="weight gradients of the channel-parallel convs; TP=2")
+
+
+# -- causal depthwise conv1d over a split sequence -----------------------------
+
+def _seq_args():
+    f32 = jnp.float32
+    return (jax.ShapeDtypeStruct((B, D, L), f32), jax.ShapeDtypeStruct((D, 1, K), f32))
+
+
+def causal_conv(x, w):
+    """Depthwise causal conv (Mamba's conv1d): K-1 zeros before the sequence."""
+    return lax.conv_general_dilated(x, w, (1,), ((K - 1, 0),), feature_group_count=D)
+
+
+def causal_seq(x, w):
+    return jax.nn.silu(causal_conv(x, w))
+
+
+def _halo_from(x, shift):
+    """The last K-1 positions of rank r - shift (zeros where there is none)."""
+    tail = x[:, :, LOCAL - (K - 1):]
+    pairs = [(r, r + shift) for r in range(SP) if 0 <= r + shift < SP]
+    return lax.ppermute(tail, "sp", pairs)
+
+
+def _valid_conv(x, w):
+    return lax.conv_general_dilated(x, w, (1,), "VALID", feature_group_count=D)
+
+
+def causal_local(x, w):
+    halo = _halo_from(x, 1)                               # from rank r - 1
+    return jax.nn.silu(_valid_conv(jnp.concatenate([halo, x], axis=2), w))
+
+
+def causal_local_wrong_neighbour(x, w):
+    tail = x[:, :, LOCAL - (K - 1):]
+    halo = lax.ppermute(tail, "sp", [(r, r - 1) for r in range(1, SP)])  # BUG: halo from rank r + 1
+    return jax.nn.silu(_valid_conv(jnp.concatenate([halo, x], axis=2), w))
+
+
+def causal_local_restarts(x, w):
+    return jax.nn.silu(lax.conv_general_dilated(x, w, (1,), ((K - 1, 0),), feature_group_count=D))  # BUG: every shard padded with zeros, no halo
+
+
+def _causal_dist(fn):
+    mesh = dlverify.host_mesh((SP,), ("sp",))
+    spec = P(None, None, "sp")
+    return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=(spec, P()), out_specs=spec))
+
+
+@dlverify.case
+def causal_conv_halo():
+    return dlverify.Case(seq=causal_seq, dist=_causal_dist(causal_local), args=_seq_args(),
+                         expect="verified",
+                         description="causal depthwise conv1d, sequence split, halo by ppermute; SP=4")
+
+
+@dlverify.case
+def causal_conv_bug_wrong_neighbour():
+    return dlverify.Case(seq=causal_seq, dist=_causal_dist(causal_local_wrong_neighbour),
+                         args=_seq_args(), expect="bug",
+                         description="the halo comes from the next rank instead of the previous one")
+
+
+@dlverify.case
+def causal_conv_bug_restarts_per_shard():
+    return dlverify.Case(seq=causal_seq, dist=_causal_dist(causal_local_restarts),
+                         args=_seq_args(), expect="bug",
+                         description="each shard zero-padded on its own: the conv restarts per shard")
+
+
+def causal_grads_seq(x, w):
+    return jax.grad(lambda b: jnp.sum(causal_seq(x, b) ** 2))(w)
+
+
+def causal_grads_local(x, w):
+    # w enters replicated: under check_vma its gradient is summed over 'sp' by
+    # jax.grad itself (the transpose of the implicit pvary is a psum)
+    return jax.grad(lambda b: jnp.sum(causal_local(x, b) ** 2))(w)
+
+
+@dlverify.case
+def causal_conv_halo_kernel_grad():
+    mesh = dlverify.host_mesh((SP,), ("sp",))
+    dist = jax.jit(jax.shard_map(causal_grads_local, mesh=mesh,
+                                 in_specs=(P(None, None, "sp"), P()), out_specs=P()))
+    return dlverify.Case(seq=causal_grads_seq, dist=dist, args=_seq_args(), expect="verified",
+                         description="the kernel gradient of the halo conv (summed over 'sp' by jax.grad); SP=4")
+
+
+# -- 2-D halo exchange ----------------------------------------------------------
+
+def _img_args():
+    f32 = jnp.float32
+    return (jax.ShapeDtypeStruct((B, C, H, W), f32), jax.ShapeDtypeStruct((C1, C, 3, 3), f32))
+
+
+def img_seq(x, w):
+    return _conv(x, w)
+
+
+def _rows(x, up_first=True):
+    above = lax.ppermute(x[:, :, -1:], "sp", [(r, r + 1) for r in range(SP - 1)])   # row of rank r-1
+    below = lax.ppermute(x[:, :, :1], "sp", [(r + 1, r) for r in range(SP - 1)])    # row of rank r+1
+    return (above, below) if up_first else (below, above)
+
+
+def img_local(x, w):
+    above, below = _rows(x)
+    xh = jnp.concatenate([above, x, below], axis=2)
+    return _conv(xh, w, padding=((0, 0), (1, 1)))
+
+
+def img_local_swapped(x, w):
+    above, below = _rows(x, up_first=False)  # BUG: the halo rows swapped (below on top)
+    xh = jnp.concatenate([above, x, below], axis=2)
+    return _conv(xh, w, padding=((0, 0), (1, 1)))
+
+
+def _img_dist(fn):
+    mesh = dlverify.host_mesh((SP,), ("sp",))
+    spec = P(None, None, "sp")
+    return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=(spec, P()), out_specs=spec))
+
+
+@dlverify.case
+def conv2d_row_halo():
+    return dlverify.Case(seq=img_seq, dist=_img_dist(img_local), args=_img_args(),
+                         expect="verified",
+                         description="3x3 SAME conv on image rows split over 'sp', halo rows by ppermute; SP=4")
+
+
+@dlverify.case
+def conv2d_row_halo_bug_swapped():
+    return dlverify.Case(seq=img_seq, dist=_img_dist(img_local_swapped), args=_img_args(),
+                         expect="bug", description="the halo rows above and below swapped")
+
+
+# -- ViT patch embedding ------------------------------------------------------------
+
+PATCH, EMBED = 4, 8
+
+
+def _vit_args():
+    f32 = jnp.float32
+    return (jax.ShapeDtypeStruct((B, H, W, C), f32), jax.ShapeDtypeStruct((PATCH, PATCH, C, EMBED), f32))
+
+
+def patch_embed(x, w):
+    y = lax.conv_general_dilated(x, w, (PATCH, PATCH), "VALID",
+                                 dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    return y.reshape(B, -1, y.shape[-1])          # (batch, patches, embed)
+
+
+@dlverify.case
+def vit_patch_embed_tp():
+    mesh = dlverify.host_mesh((TP,), ("tp",))
+    dist = jax.jit(jax.shard_map(patch_embed, mesh=mesh, in_specs=(P(), P(None, None, None, "tp")),
+                                 out_specs=P(None, None, "tp")))
+    return dlverify.Case(seq=patch_embed, dist=dist, args=_vit_args(), expect="verified",
+                         description="ViT patch embedding, embedding dim split over 'tp'; TP=2")
