@@ -24,10 +24,16 @@ dot takes a transpose it can compute whole:
   dq = ds k as [h, q, d] and transposes it alike). A transpose interleaving the
   operands' free dims (size-1 ones too) stays: its split would be read off where
   one side's size-1 dim is the other's sized dim, and the sides would split it
-  differently. Nor is a transpose split while a reader takes its layout into its
-  own (a transpose composing the two; a dot contracting one of its batch dims, whose
-  operand order simplify.dot_layout composes with it): the composition is split
-  as a whole or stays, as the other side's single transpose does;
+  differently. Nor is a transpose split while its readers all take its layout into
+  their own (a transpose composing the two; a dot contracting one of its batch dims,
+  whose operand order simplify.dot_layout composes with it): the composition is split
+  as a whole or stays, as the other side's single transpose does. A reader that
+  reads it as it is (a dot in dot_layout's order, anything else) keeps the value in
+  that layout, so it is split whatever its other readers do: JAX's attention output
+  `v^T p^T` transposed to [b, q, e, h] for the output projection then meets XLA's
+  `p v` transposed alike, also where one side's compiler merged a second reader
+  (a data-parallel Llama step's query gradient, read by its weight gradient and a
+  transpose on the sequential side only);
 * transposes enter concatenations, slices and elementwise ops of one tensor and
   splats: transpose(concat(x_i; k)) is concat(transpose(x_i); P^-1(k)); a
   transpose of a slice or of a dynamic slice is the slice of the transpose with
@@ -59,6 +65,15 @@ from dlverify.ir import Op
 from dlverify.ops.table import KINDS, Family
 from dlverify.rewrites import _Rewriter
 from dlverify.simplify_forms import _merge_groups, _unit_deletion
+
+
+def _standard_operand(params: dict, key: str, rank: int) -> bool:
+    """Whether a dot reads its operand `key` (lhs, rhs) in simplify.dot_layout's order:
+    lhs batch, free, contracted dims; rhs batch, contracted, free dims."""
+    batch, contract = list(params[f"{key}_batch"]), list(params[f"{key}_contract"])
+    free = [d for d in range(rank) if d not in batch and d not in contract]
+    order = batch + (free + contract if key == "lhs" else contract + free)
+    return order == list(range(rank))
 
 
 def _permuted(values, perm) -> tuple:
@@ -259,21 +274,23 @@ class _LayoutRules(_Rewriter):
         return self._readers.get(t, [])
 
     def _composed_by_reader(self, t: int, moved: set[int]) -> bool:
-        """Whether a reader of t (as the pass began) takes t's layout into its own: a
-        transpose (composing the two), or a dot contracting one of t's dims `moved`
-        (the dot's batch dims: where t puts a dim summed away is the reader's to say).
-        (Splitting also when that dot reads t in simplify.dot_layout's order would meet
-        XLA's `p v` with JAX's `v^T p^T` in a parallel residual block, but one side of a
-        data-parallel Llama step holds the batch as a size-1 dim and its transposes
-        were then split on that side only: tests/test_compiled_forms.py's xfails.)"""
-        for o in self.readers(t):
-            if o.kind == "transpose":
-                return True
-            if o.kind == "dot_general" and len(o.inputs) == 2 and any(
-                    o.inputs[side] == t and moved & set(o.params[f"{key}_contract"])
-                    for side, key in ((0, "lhs"), (1, "rhs"))):
-                return True
-        return False
+        """Whether t's readers (as the pass began) all take t's layout into their own:
+        a transpose (composing the two), or a dot contracting one of t's dims `moved`
+        (the dot's batch dims: where t puts a dim summed away is the reader's to say)
+        in another operand order than simplify.dot_layout's (which composes the two).
+        A reader taking t as it is (a dot in that order, any other op; an output)
+        keeps t's layout whatever the others do (see the module docstring)."""
+        readers = self.readers(t)
+        return bool(readers) and t not in self.g.outputs and all(self._composes(o, t, moved) for o in readers)
+
+    def _composes(self, o: Op, t: int, moved: set[int]) -> bool:
+        """Whether reader `o` of t takes t's layout into its own (`_composed_by_reader`)."""
+        if o.kind == "transpose":
+            return True
+        return o.kind == "dot_general" and len(o.inputs) == 2 and any(
+            o.inputs[side] == t and moved & set(o.params[f"{key}_contract"])
+            and not _standard_operand(o.params, key, len(self.shape(t)))
+            for side, key in ((0, "lhs"), (1, "rhs")))
 
     def _transposed(self, x: int, order: list[int], like: Op) -> int:
         """x transposed so that its dim k is x's dim order[k] (x itself for the identity)."""

@@ -18,6 +18,7 @@ import pytest
 from conftest import bug_line
 from hlo_pairs import assert_compiled_case_and_twin, compiled_pair, example_module, verify_texts
 from jax import lax
+from rulekit import assert_views_hold
 from test_simplify import _graph
 
 from dlverify.errors import UnknownOpError
@@ -263,15 +264,6 @@ def test_a_size_1_dim_the_dot_contracts_stays():
     assert g.tensors[dot.inputs[0]].shape == (2, 2, 4, 1)
 
 
-SPLIT_FOR_STANDARD_READER = pytest.mark.xfail(strict=True, reason=(
-    "a transposed dot is split only when its reader composes the layout (a transpose, or a "
-    "dot that does not read it in dot_layout's order yet): splitting it also for a reader in "
-    "that order meets XLA's p v with JAX's v^T p^T, but a data-parallel Llama step "
-    "(tests/test_resharding.py) holds the batch as a size-1 dim on one side and its "
-    "attention transposes were then split on that side only"))
-
-
-@SPLIT_FOR_STANDARD_READER
 def test_a_transposed_dot_read_in_the_standard_order_is_split():
     """o = einsum('bhqk,bkhe->bqhe') as JAX writes it (v^T p^T: [b, h, e, q], transposed to
     [b, q, e, h]) read by a dot contracting (e, h) in that order: the dot takes the free
@@ -286,7 +278,6 @@ def test_a_transposed_dot_read_in_the_standard_order_is_split():
 
 
 # ------------------------------------------------ the compiled examples
-@SPLIT_FOR_STANDARD_READER
 def test_compiled_parallel_residual_verifies_and_its_twins_are_located(tmp_path):
     """XLA transposes the attention output for the (e, h) contraction it picks, flattens
     it and psums attention + MLP partials through a reshape: after the normal form the
@@ -299,6 +290,16 @@ def test_compiled_parallel_residual_verifies_and_its_twins_are_located(tmp_path)
         res = verify_texts(tmp_path, *compiled_pair(twin, dumped=True))
         assert not res.verified
         assert bug_line(twin.dist) in {fr.line for fr in res.failures[0].frames}
+
+
+def test_compiled_parallel_residual_gradients_verify(tmp_path):
+    """Every parameter's gradient: the backward attention's transposed dots (JAX's
+    `v^T p^T` against XLA's `p v`, read as they are) reach one form; every derived
+    view holds on random inputs."""
+    pr = example_module("parallel_residual")
+    res = verify_texts(tmp_path, *compiled_pair(pr.parallel_residual_grads_tp2(), dumped=True))
+    assert res.verified, [(f.op, f.line, f.message[:200]) for f in res.failures[:2]]
+    assert_views_hold(res.problem, res.views, seeds=(0,), padded=res.padded_views)
 
 
 def test_compiled_kv_cache_decode_verifies_and_its_twins_are_located(tmp_path):

@@ -189,6 +189,43 @@ def test_a_transpose_its_reader_composes_is_split_as_the_composition(reader):
     assert _form(g) == _form(other)
 
 
+@pytest.mark.parametrize("other", [None, "transpose", "dot"])
+def test_a_transpose_read_as_it_is_is_split_whatever_its_other_readers(other):
+    # JAX's attention output v^T p^T ([b, h, e, q]) transposed to [b, q, e, h] and read
+    # by the output projection contracting (e, h) in dot_layout's order: split to XLA's
+    # p v ([b, h, q, e]) and a transpose of h, also when a second reader composes the
+    # layout (a transpose, a dot contracting h in another order), which one side's
+    # compiler may have merged away: the projection reads one form on both sides
+    shapes = [(2, 3, 5, 6), (2, 3, 4, 6), (5, 3, 7), (3, 5, 7)]   # vt, p, wo, wo2
+
+    def projection(b, t, wo):
+        return _dot(b, t, wo, (2, 4, 7), (2, 3), (0, 1))
+
+    def build(b, vt, p, wo, wo2, xla=False):
+        if xla:     # p v, transposed to [b, q, e, h]
+            d = _dot(b, p, vt, (2, 3, 4, 5), (3,), (3,), (0, 1), (0, 1))
+            t = b.op("transpose", [d], (2, 4, 5, 3), "float32", {"permutation": (0, 2, 3, 1)})
+        else:
+            d = _dot(b, vt, p, (2, 3, 5, 4), (3,), (3,), (0, 1), (0, 1))
+            t = b.op("transpose", [d], (2, 4, 5, 3), "float32", {"permutation": (0, 3, 2, 1)})
+        out = projection(b, t, wo)
+        if xla or other is None:
+            return out
+        if other == "transpose":     # [b, q, h, e], projected
+            u = b.op("transpose", [t], (2, 4, 3, 5), "float32", {"permutation": (0, 1, 3, 2)})
+            second = _dot(b, u, wo2, (2, 4, 7), (2, 3), (0, 1))
+        else:                        # contracting (h, e) of t as it stands
+            second = _dot(b, t, wo2, (2, 4, 7), (3, 2), (0, 1))
+        return b.op("add", [out, second], (2, 4, 7), "float32", {})
+
+    before, g = _normal(build, shapes)
+    _agree(before, g, shapes)
+    _, xla = _normal(lambda *a: build(*a, xla=True), shapes)
+    (want,) = _form(xla)
+    assert "(2, 3, 4, 5)" in want            # (p v: the dot XLA writes)
+    assert want in _form(g)[0]
+
+
 def _gathered_dot(transpose_first: bool, perm=(1, 0)):
     # k = x @ w on each rank's rows, gathered over 2 ranks and transposed (k^T for q k^T)
     def build(b, x, w):
