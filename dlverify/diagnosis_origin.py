@@ -277,7 +277,9 @@ def own_loc(op: Op, consumers: dict[int, list[Op]], dist_prod: dict[int, Op]) ->
     transpose whose metadata names another primitive takes the location of its one
     neighbour (a consumer, or operand 0's producer) whose metadata names this op's
     primitive."""
-    if op.kind not in ("reshape", "transpose") or not op.loc.op_name or not op.loc.frames \
+    if not op.loc.op_name and op.loc.frames:
+        return _shared_caller(op, consumers, dist_prod)
+    if op.kind not in ("reshape", "transpose") or not op.loc.frames \
             or op.kind in primitives(op.loc.op_name):
         return op.loc
     near = list(consumers.get(op.output, []))
@@ -294,6 +296,35 @@ def own_loc(op: Op, consumers: dict[int, list[Op]], dist_prod: dict[int, Op]) ->
     if instruction:
         return SourceLoc(mine[:1] + named[0].frames[1:], op.loc.op_name, op.loc.primary)
     return named[0]
+
+
+def _shared_caller(op: Op, consumers: dict[int, list[Op]], dist_prod: dict[int, Op]) -> SourceLoc:
+    """An instruction XLA left without metadata (a dot inside its fusions) is located
+    at the user frames every neighbour with user frames (its readers, its operands'
+    producers) shares, outermost first: the call of the function that wrote them all
+    (the attention of a `_attend(q, k, v)` call). Its own frames (the instruction's
+    lines in the module) stay first; no neighbour with user frames, or none shared:
+    its own location."""
+    mine = op.loc.frames
+    here = mine[0].file
+    if any(f.file != here for f in mine):
+        return op.loc
+    near = list(consumers.get(op.output, []))
+    near += [dist_prod[t] for t in op.inputs if t in dist_prod]
+    # (the HLO frontend's instruction_frames: a neighbour's own line in the module,
+    # then its user frames, all elsewhere)
+    users = [n.loc.frames[1:] for n in near if len(n.loc.frames) > 1
+             and n.loc.frames[0].file == here and all(f.file != here for f in n.loc.frames[1:])]
+    if not users:
+        return op.loc
+    shared: list = []
+    for frames in zip(*(u[::-1] for u in users)):    # from the outermost frame in
+        if any(f != frames[0] for f in frames):
+            break
+        shared.append(frames[0])
+    if not shared:
+        return op.loc
+    return SourceLoc(mine + tuple(shared[::-1]), op.loc.op_name, op.loc.primary)
 
 
 __all__ = ["RescaledSum", "UnscaledSum", "earliest_origin", "introduces_factor", "origin", "own_loc", "primitives",

@@ -385,6 +385,7 @@ def rewrite(problem: Problem) -> None:
     from dlverify.resharding import rewrite_reshardings
     from dlverify.simplify import simplify_graph
     from dlverify.simplify_int import fold_int_expansions
+    from dlverify.unit_layouts import unit_layouts_as_sequential
     from dlverify.softmax_form import canonical_softmaxes
     unused = [_unused(problem.seq), _unused(problem.dist)]
     if problem.normal_form:   # compiled modules recompute values per fusion (dlverify/cse.py)
@@ -419,7 +420,11 @@ def rewrite(problem: Problem) -> None:
         _drop_newly_dead(problem.dist, unused[1])   # (a psum of the pieces of a contraction)
     if problem.normal_form:   # last: the rewrites above match the programs' own structure
         simplify_graph(problem.seq, problem.ids, problem.assumptions, problem.notes)
-        simplify_graph(problem.dist, problem.ids, problem.assumptions, problem.notes)
+        simplify_graph(problem.dist, problem.ids, problem.assumptions, problem.notes,
+                       partner=problem.seq)
+        # (size-1 dims the distributed module deleted, moved as the program moves them)
+        if unit_layouts_as_sequential(problem.seq, problem.dist, problem.ids):
+            _drop_newly_dead(problem.dist, unused[1])
         # (again: a compiled psum(a + b) may read the add through a reshape the normal
         # form sank out of it)
         if split_summed_adds(problem.dist, problem.ids):

@@ -90,6 +90,7 @@ from dlverify.simplify_moves import _MoveRules
 from dlverify.simplify_layouts import _LayoutRules
 from dlverify.simplify_reciprocals import scaled_reciprocal
 from dlverify.simplify_sink import _SinkRules
+from dlverify.unit_layouts import dot_roles, lone_units_batched
 
 # op kind -> (neutral value, operand positions it may take)
 _NEUTRAL: dict[str, tuple[float, tuple[int, ...]]] = {
@@ -106,6 +107,8 @@ class _Simplifier(_MoveRules, _SinkRules, _LayoutRules):
     """One pass (`run`) in op order, so every producer is seen before its readers;
     op creation, aliases and folds as in rewrites._Rewriter; the rules of
     dlverify/simplify_forms.py, simplify_sink.py and simplify_moves.py too."""
+
+    partner_dots = None     # the sequential program's dot_roles (dlverify/unit_layouts.py)
 
     # -- the rewrites: each returns True when it replaced `op` --------------
     def neutral(self, op: Op) -> bool:
@@ -511,6 +514,7 @@ class _Simplifier(_MoveRules, _SinkRules, _LayoutRules):
                     or self.negative_power(op)
                     or self.dot_layout(op) or self.sink_reshape(op)
                     or self.unit_dims_into_dot(op) or self.unit_dims_batched(op)
+                    or lone_units_batched(self, op)
                     or self.unit_dims_into_broadcast(op) or self.layouts(op)
                     or self.transpose_into_all_reduce(op) or reshaped_all_reduce(self, op)
                     or op.kind == "all_reduce" and len(op.inputs) == 1
@@ -537,12 +541,15 @@ class _Simplifier(_MoveRules, _SinkRules, _LayoutRules):
 
 
 def simplify_graph(graph: Graph, ids: IdAllocator, assumptions: list[str] | None = None,
-                   notes: list[str] | None = None) -> bool:
+                   notes: list[str] | None = None, partner: Graph | None = None) -> bool:
     """Bring `graph` to the normal form (see the module docstring); returns
     whether anything changed. `assumptions`: where a rule that rounds a literal
     (simplify_forms.literal_product) lists it; `notes`: where a normal form still
     changing after the last pass is reported (a rewrite cycle would otherwise
-    pass unseen, its failures blamed on the program)."""
+    pass unseen, its failures blamed on the program); `partner`: the sequential
+    program in its normal form, when `graph` is the distributed one (whose dots take
+    size-1 batch dims as the partner's do: dlverify/unit_layouts.py)."""
+    partner_dots = dot_roles(partner) if partner is not None else None
     unused = _unused(graph)
     changed = False
     alias: dict[int, int] = {}      # every pass's: tensor -> the tensor now holding its value
@@ -553,6 +560,7 @@ def simplify_graph(graph: Graph, ids: IdAllocator, assumptions: list[str] | None
         for _ in range(_PASSES):
             simplifier = _Simplifier(graph, ids, assumptions)
             simplifier.late = late
+            simplifier.partner_dots = partner_dots
             if not simplifier.run():
                 break
             alias.update(simplifier.alias)

@@ -1,0 +1,203 @@
+"""Size-1 dims the distributed module never had, placed as the sequential program has
+them (dlverify/unit_layouts.py): a dot's lone size-1 free dim batched, or deleted, to
+the dim counts of the sequential dots; a chain of reshapes and transposes written as
+the sequential program's reshape-then-transpose (or transpose-then-reshape) when it
+places every element alike. Each rewrite is checked numerically with the shared
+evaluator (and where it must not fire); a hand-written HLO pair (two KV heads, one per
+rank, the head sliced out of the K projection without its size-1 dim, as XLA writes it)
+verifies, its twin slicing the other head does not and is located; the compiled GQA
+example and its wrong-head twin likewise."""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+from hlo_pairs import assert_compiled_case_and_twin, assert_pair_verifies, example_module, verify_texts
+from test_simplify import _dot, _graph
+
+from dlverify.interpret import Interpreter
+from dlverify.ir import Graph
+from dlverify.simplify import simplify_graph
+from dlverify.unit_layouts import dot_roles, unit_layouts_as_sequential
+
+
+def _same_values(before: Graph, after: Graph, in_shapes) -> None:
+    ins = [[np.random.default_rng(i).standard_normal(s).astype(np.float32)]
+           for i, s in enumerate(in_shapes)]
+    outs = [Interpreter(h, 1).run(ins)[h.outputs[0]][0] for h in (before, after)]
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-6)
+
+
+def _partner(build, in_shapes) -> Graph:
+    g, ids = _graph(build, in_shapes)
+    simplify_graph(g, ids)
+    return g
+
+
+def _dots(g: Graph):
+    return [op for op in g.ops if op.kind == "dot_general"]
+
+
+# ------------------------------------------------------------------ lone size-1 free dims
+
+def _attention_scores(b, q, k):
+    """q [b, 1, s, d] (a rank's one head, a free dim), k [b, s, d] (no head dim)."""
+    return _dot(b, q, k, (2, 1, 3, 5), (3,), (2,), (0,), (0,))
+
+
+def _batched_scores(b, q, k):
+    """The program's form: both batched over (b, heads)."""
+    return _dot(b, q, k, (2, 2, 3, 5), (3,), (3,), (0, 1), (0, 1))
+
+
+SHAPES = [(2, 1, 3, 4), (2, 5, 4)]
+
+
+def test_a_lone_size_1_free_dim_is_batched_as_the_sequential_dots_are():
+    partner = _partner(_batched_scores, [(2, 2, 3, 4), (2, 2, 5, 4)])
+    g, ids = _graph(_attention_scores, SHAPES)
+    before = copy.deepcopy(g)
+    assert simplify_graph(g, ids, partner=partner)
+    _same_values(before, g, SHAPES)
+    (dot,) = _dots(g)
+    assert len(dot.params["lhs_batch"]) == 2 and dot_roles(g) <= dot_roles(partner)
+    assert not simplify_graph(g, ids, partner=partner)      # a fixpoint
+
+
+@pytest.mark.parametrize("partner_build, shapes", [
+    (None, None),                                           # no partner: the rule is off
+    (_attention_scores, SHAPES),                            # the partner has this very form
+    (lambda b, x, w: _dot(b, x, w, (3, 5), (1,), (0,)), [(3, 4), (4, 5)]),   # nothing fits
+])
+def test_a_lone_size_1_free_dim_stays_free_otherwise(partner_build, shapes):
+    partner = None if partner_build is None else _partner(partner_build, shapes)
+    g, ids = _graph(_attention_scores, SHAPES)
+    simplify_graph(g, ids, partner=partner)
+    (dot,) = _dots(g)
+    assert len(dot.params["lhs_batch"]) == 1
+
+
+def _output_projection(b, o, w):
+    """o [b, s, 1, e] (a rank's head, merged with its e into a contraction by the
+    program, kept apart by the normal form) times w [e, n]."""
+    return _dot(b, o, w, (2, 3, 1, 5), (3,), (0,))
+
+
+def test_a_lone_size_1_free_dim_is_deleted_as_the_sequential_dots_have_none():
+    seq, _ = _graph(lambda b, x, w: _dot(b, x, w, (2, 3, 5), (2,), (0,)), [(2, 3, 8), (8, 5)])
+    g, ids = _graph(_output_projection, [(2, 3, 1, 4), (4, 5)])
+    before = copy.deepcopy(g)
+    assert unit_layouts_as_sequential(seq, g, ids)
+    _same_values(before, g, [(2, 3, 1, 4), (4, 5)])
+    (dot,) = _dots(g)
+    assert g.tensors[dot.inputs[0]].shape == (2, 3, 4)
+
+
+# ------------------------------------------------------------------ layout chains
+
+def _seq_split_then_transpose(b, x):
+    """[s, g*d] -> [s, g, d] -> [g, s, d]: the program's heads."""
+    r = b.op("reshape", [x], (3, 2, 4), "float32")
+    return b.op("transpose", [r], (2, 3, 4), "float32", {"permutation": (1, 0, 2)})
+
+
+def _seq_transpose_then_merge(b, x):
+    """[g, s, d] -> [s, g, d] -> [s, g*d]: the heads merged back."""
+    t = b.op("transpose", [x], (3, 2, 4), "float32", {"permutation": (1, 0, 2)})
+    return b.op("reshape", [t], (3, 8), "float32")
+
+
+@pytest.mark.parametrize("seq_build, seq_shape, dist_build, dist_shape, kinds", [
+    # a rank's head [s, d] with its size-1 head dim inserted in front: [1, s, d]
+    (_seq_split_then_transpose, (3, 8),
+     lambda b, y: b.op("reshape", [y], (1, 3, 4), "float32"), (3, 4), ["reshape", "transpose"]),
+    # [1, s, d] -> [s, d]: the head dim of one deleted
+    (_seq_transpose_then_merge, (2, 3, 4),
+     lambda b, y: b.op("reshape", [y], (3, 4), "float32"), (1, 3, 4), ["transpose", "reshape"]),
+    # through a transpose: [s, d] -> [d, s] -> [1, d, s] is [s, 1, d] moved by (1, 2, 0)
+    (lambda b, x: b.op("transpose", [b.op("reshape", [x], (3, 2, 4), "float32")], (2, 4, 3),
+                       "float32", {"permutation": (1, 2, 0)}), (3, 8),
+     lambda b, y: b.op("reshape", [b.op("transpose", [y], (4, 3), "float32",
+                                        {"permutation": (1, 0)})], (1, 4, 3), "float32"),
+     (3, 4), ["reshape", "transpose"]),
+])
+def test_a_chain_moving_size_1_dims_is_written_as_the_program_moves_them(
+        seq_build, seq_shape, dist_build, dist_shape, kinds):
+    seq, _ = _graph(seq_build, [seq_shape])
+    g, ids = _graph(dist_build, [dist_shape])
+    before = copy.deepcopy(g)
+    assert unit_layouts_as_sequential(seq, g, ids)
+    _same_values(before, g, [dist_shape])
+    assert [op.kind for op in g.ops if op.kind in ("reshape", "transpose")][-2:] == kinds
+    assert not unit_layouts_as_sequential(seq, g, ids)        # already so written
+
+
+def test_a_chain_placing_elements_otherwise_is_left():
+    # the program moves d first ([s, g, d] -> [d, s, g]); the rank's [s, d] reshaped to
+    # [d, s, 1] row-major re-chunks its elements instead of moving d: the index check
+    # refuses the program's form
+    def seq_build(b, x):
+        r = b.op("reshape", [x], (3, 2, 4), "float32")
+        return b.op("transpose", [r], (4, 3, 2), "float32", {"permutation": (2, 0, 1)})
+    seq, _ = _graph(seq_build, [(3, 8)])
+    g, ids = _graph(lambda b, y: b.op("reshape", [y], (4, 3, 1), "float32"), [(3, 4)])
+    assert not unit_layouts_as_sequential(seq, g, ids)
+
+
+# ------------------------------------------------------------------ HLO pairs
+
+SEQ = """HloModule seq
+
+ENTRY %main (q: f32[2,2,3,4], x: f32[2,3,5], wk: f32[5,8]) -> f32[2,2,3,3] {
+  %q = f32[2,2,3,4]{3,2,1,0} parameter(0)
+  %x = f32[2,3,5]{2,1,0} parameter(1)
+  %wk = f32[5,8]{1,0} parameter(2)
+  %k = f32[2,3,8]{2,1,0} dot(f32[2,3,5]{2,1,0} %x, f32[5,8]{1,0} %wk), lhs_contracting_dims={2}, rhs_contracting_dims={0}
+  %kr = f32[2,3,2,4]{3,2,1,0} reshape(f32[2,3,8]{2,1,0} %k)
+  %kt = f32[2,2,3,4]{3,2,1,0} transpose(f32[2,3,2,4]{3,2,1,0} %kr), dimensions={0,2,1,3}
+  ROOT %s = f32[2,2,3,3]{3,2,1,0} dot(f32[2,2,3,4]{3,2,1,0} %q, f32[2,2,3,4]{3,2,1,0} %kt), lhs_batch_dims={0,1}, lhs_contracting_dims={3}, rhs_batch_dims={0,1}, rhs_contracting_dims={3}
+}
+"""
+
+# a rank holds one query head (q split along dim 1) and slices its KV head's columns out
+# of the replicated K projection at r * 4: its k = x @ wk[:, 4r:4r+4] is a [b, s, d] block
+# with no head dim; the dot (k q^T, transposed after, as XLA writes it) keeps the query's
+# head of one as a free dim
+DIST = """HloModule dist, num_partitions=2
+
+ENTRY %main (q: f32[2,1,3,4], x: f32[2,3,5], wk: f32[5,8]) -> f32[2,1,3,3] {
+  %q = f32[2,1,3,4]{3,2,1,0} parameter(0), sharding={devices=[1,2,1,1]0,1}
+  %x = f32[2,3,5]{2,1,0} parameter(1), sharding={replicated}
+  %wk = f32[5,8]{1,0} parameter(2), sharding={replicated}
+  %pid = u32[] partition-id()
+  %r = s32[] convert(u32[] %pid)
+  %four = s32[] constant(4)
+  %col = s32[] multiply(s32[] %r, s32[] %four)
+  %zero = s32[] constant(0)
+  %wh = f32[5,4]{1,0} dynamic-slice(f32[5,8]{1,0} %wk, s32[] %zero, s32[] %col), dynamic_slice_sizes={5,4}
+  %kh = f32[2,3,4]{2,1,0} dot(f32[2,3,5]{2,1,0} %x, f32[5,4]{1,0} %wh), lhs_contracting_dims={2}, rhs_contracting_dims={0}
+  %st = f32[2,3,1,3]{3,2,1,0} dot(f32[2,3,4]{2,1,0} %kh, f32[2,1,3,4]{3,2,1,0} %q), lhs_batch_dims={0}, lhs_contracting_dims={2}, rhs_batch_dims={0}, rhs_contracting_dims={3}
+  ROOT %s = f32[2,1,3,3]{3,2,1,0} transpose(f32[2,3,1,3]{3,2,1,0} %st), dimensions={0,2,3,1}
+}
+"""
+WRONG_HEAD_LINE = 11   # the other rank's head: (1 - r) * 4
+
+
+def test_a_kv_head_sliced_without_its_head_dim_verifies(tmp_path):
+    assert_pair_verifies(tmp_path, SEQ, DIST, ["out0 = concat(r0.out0, r1.out0; dim 1)"])
+
+
+def test_the_other_kv_head_is_not_verified_and_located(tmp_path):
+    wrong = DIST.replace("%col = s32[] multiply(s32[] %r, s32[] %four)",
+                         "%one = s32[] constant(1)\n  %other = s32[] subtract(s32[] %one, s32[] %r)\n"
+                         "  %col = s32[] multiply(s32[] %other, s32[] %four)")
+    res = verify_texts(tmp_path, SEQ, wrong)
+    assert not res.verified
+    assert res.failures[0].line in (WRONG_HEAD_LINE, WRONG_HEAD_LINE + 5), res.failures[0]
+
+
+def test_compiled_gqa_forward_verifies_and_its_wrong_head_twin_does_not(tmp_path):
+    gqa = example_module("gqa_replicated_kv")
+    assert_compiled_case_and_twin(tmp_path, gqa.gqa_two_kv_heads_tp4_forward(),
+                                  gqa.gqa_bug_wrong_kv_head())
