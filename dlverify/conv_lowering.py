@@ -238,7 +238,7 @@ def _grid(site: ConvSite, pieces: dict[tuple[int, ...], int], lead: tuple[int, .
         joined: dict[tuple[int, ...], int] = {}
         for pos in sorted({p[:d] for p in rows}):
             parts = [rows[pos + (q,)] for q in range(sizes[d])]
-            shape = lead + sizes[:d] + (sizes[d],) + sizes[d + 1:]
+            shape = lead + (1,) * d + sizes[d:]   # dims before d still one position
             joined[pos] = parts[0] if len(parts) == 1 else site.emit(
                 "concatenate", parts, shape, {"dimension": len(lead) + d})
         rows = joined

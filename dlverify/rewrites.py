@@ -216,8 +216,8 @@ class _Rewriter:
             new.output = op.output
             self.out.append(new)
             self.producer[op.output] = new
-        else:
-            self.new_op("concatenate", pieces, self.shape(op.output), dtype, {"dimension": k}, op,
+        else:   # (reported as the program's concatenate, of which it is a part)
+            self.new_op("concatenate", pieces, self.shape(op.output), dtype, {"dimension": k}, cat,
                         output=op.output)
         return True
 

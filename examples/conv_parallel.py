@@ -14,11 +14,13 @@ the causal depthwise conv of Mamba/Hyena-style sequence models.
 - ViT patch embedding with the embedding dim split over 'tp'.
 
 Twins: the halo from the wrong neighbour; each shard zero-padded on its own (the
-causal conv restarts on every shard); channel-parallel conv2 without its psum;
-the 2-D halo rows swapped.
+causal conv restarts on every shard); channel-parallel conv2 without its psum, or
+with its run-time weight scale (equalised learning rate) from the local shard's
+fan-in; the 2-D halo rows swapped.
 """
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
@@ -44,18 +46,29 @@ def _cnn_args():
             jax.ShapeDtypeStruct((C2, C1, 3, 3), f32))
 
 
+# Equalised learning rate (ProGAN, StyleGAN): weights scaled at run time by He's
+# constant of the layer's fan-in; the global fan-in on every rank.
+HE1, HE2 = float(np.sqrt(2.0 / (C * 9))), float(np.sqrt(2.0 / (C1 * 9)))
+
+
 def cnn_seq(x, w1, w2):
-    return _conv(jax.nn.relu(_conv(x, w1)), w2)
+    return _conv(jax.nn.relu(_conv(x, w1 * HE1)), w2 * HE2)
 
 
 def cnn_local(x, w1, w2):
-    h = jax.nn.relu(_conv(x, w1))                 # this rank's C1 / TP channels
-    return lax.psum(_conv(h, w2), "tp")           # partial sums over the input channels
+    h = jax.nn.relu(_conv(x, w1 * HE1))           # this rank's C1 / TP channels
+    return lax.psum(_conv(h, w2 * HE2), "tp")     # partial sums over the input channels
 
 
 def cnn_local_missing_psum(x, w1, w2):
-    h = jax.nn.relu(_conv(x, w1))
-    return _conv(h, w2)  # BUG: conv2 sums only this rank's input channels, no psum
+    h = jax.nn.relu(_conv(x, w1 * HE1))
+    return _conv(h, w2 * HE2)  # BUG: conv2 sums only this rank's input channels, no psum
+
+
+def cnn_local_local_fan_in(x, w1, w2):
+    h = jax.nn.relu(_conv(x, w1 * HE1))
+    w2s = w2 * float(np.sqrt(2.0 / (w2.shape[1] * 9)))  # BUG: the fan-in of this rank's shard
+    return lax.psum(_conv(h, w2s), "tp")
 
 
 def _cnn_dist(fn, out_specs=P(), check_vma=True):
@@ -78,12 +91,19 @@ def conv_channel_parallel_bug_missing_psum():
                          description="channel-parallel conv2 without the psum of its partial sums")
 
 
+@dlverify.case
+def conv_channel_parallel_bug_local_fan_in():
+    return dlverify.Case(seq=cnn_seq, dist=_cnn_dist(cnn_local_local_fan_in), args=_cnn_args(),
+                         expect="bug",
+                         description="the run-time weight scale computed from the local shard's fan-in")
+
+
 def cnn_grads_seq(x, w1, w2):
-    return jax.grad(lambda a, b: jnp.sum(cnn_seq(x, a, b) ** 2), argnums=(0, 1))(w1, w2)
+    return jax.grad(lambda a, b: jnp.mean(cnn_seq(x, a, b) ** 2), argnums=(0, 1))(w1, w2)
 
 
 def cnn_grads_local(x, w1, w2):
-    return jax.grad(lambda a, b: jnp.sum(cnn_local(x, a, b) ** 2), argnums=(0, 1))(w1, w2)
+    return jax.grad(lambda a, b: jnp.mean(cnn_local(x, a, b) ** 2), argnums=(0, 1))(w1, w2)
 
 
 @dlverify.case
@@ -127,9 +147,9 @@ def causal_local(x, w):
 
 
 def causal_local_wrong_neighbour(x, w):
-    tail = x[:, :, LOCAL - (K - 1):]
-    halo = lax.ppermute(tail, "sp", [(r, r - 1) for r in range(1, SP)])  # BUG: halo from rank r + 1
-    return jax.nn.silu(_valid_conv(jnp.concatenate([halo, x], axis=2), w))
+    wrong = [(r, r - 1) for r in range(1, SP)]
+    xh = jnp.concatenate([lax.ppermute(x[:, :, LOCAL - (K - 1):], "sp", wrong), x], axis=2)  # BUG: halo from rank r + 1
+    return jax.nn.silu(_valid_conv(xh, w))
 
 
 def causal_local_restarts(x, w):
@@ -193,10 +213,10 @@ def img_seq(x, w):
     return _conv(x, w)
 
 
-def _rows(x, up_first=True):
+def _rows(x):
     above = lax.ppermute(x[:, :, -1:], "sp", [(r, r + 1) for r in range(SP - 1)])   # row of rank r-1
     below = lax.ppermute(x[:, :, :1], "sp", [(r + 1, r) for r in range(SP - 1)])    # row of rank r+1
-    return (above, below) if up_first else (below, above)
+    return above, below
 
 
 def img_local(x, w):
@@ -206,8 +226,8 @@ def img_local(x, w):
 
 
 def img_local_swapped(x, w):
-    above, below = _rows(x, up_first=False)  # BUG: the halo rows swapped (below on top)
-    xh = jnp.concatenate([above, x, below], axis=2)
+    above, below = _rows(x)
+    xh = jnp.concatenate([below, x, above], axis=2)  # BUG: the halo rows swapped (below on top)
     return _conv(xh, w, padding=((0, 0), (1, 1)))
 
 

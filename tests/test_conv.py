@@ -54,6 +54,8 @@ GRADS = {
     "nhwc": (lambda x, w: lax.conv_general_dilated(x, w, (2, 2), "SAME",
                                                    dimension_numbers=("NHWC", "HWIO", "NHWC")),
              (2, 8, 8, 3), (3, 3, 3, 5)),
+    "same_2d": (lambda x, w: lax.conv_general_dilated(x, w, (1, 1), "SAME"),
+                (2, 3, 6, 5), (4, 3, 3, 3)),
     "causal_depthwise": (lambda x, w: lax.conv_general_dilated(x, w, (1,), ((3, 0),),
                                                                feature_group_count=4),
                          (2, 4, 10), (4, 1, 4)),

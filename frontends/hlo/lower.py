@@ -348,6 +348,8 @@ def _reducer_opcode(comp: HloComputation) -> str | None:
         return ins.name
 
     root = comp.by_name[strip(comp.root.name)]
+    if root.opcode == "parameter" and root.name == params[1].name:
+        return "overwrite"   # f(p0, p1) = p1: a scatter's `set`
     if len(root.operands) != 2:
         return None
     if {strip(o) for o in root.operands} != pnames:

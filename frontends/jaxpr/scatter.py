@@ -25,8 +25,7 @@ import numpy as np
 
 from dlverify.errors import UnknownOpError
 from dlverify.frontends.jaxpr.walk import Ctx, _loc, _out, _where, exporter
-
-MAX_WINDOWS = 1024  # index vectors: a scatter of more is not unrolled into window updates
+from dlverify.scatter_windows import ScatterSite, WindowScatter, window_updates
 
 _COMBINE = {"scatter": None, "scatter-add": "add", "scatter_add": "add", "scatter-mul": "mul",
             "scatter_mul": "mul", "scatter-min": "min", "scatter_min": "min",
@@ -54,66 +53,26 @@ def _scatter(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
         raise _refuse(eqn, "whose indices are not known before run time (they depend on data "
                            "or on the rank) is supported only as the transpose of a row lookup "
                            "(jnp.take's gradient)")
-    combine = _COMBINE[eqn.primitive.name]
-    clip = "CLIP" in str(eqn.params.get("mode"))
     g = ctx.b.graph
-    op_shape, upd = g.tensors[operand].shape, g.tensors[updates]
-    shape, dtype = _out(eqn)
+    op_t, upd = g.tensors[operand], g.tensors[updates]
+    _, dtype = _out(eqn)
     loc = _loc(eqn)
-    window_dims = tuple(int(d) for d in dn.update_window_dims)
-    inserted = set(int(d) for d in dn.inserted_window_dims)
-    to_operand = tuple(int(d) for d in dn.scatter_dims_to_operand_dims)
-    scatter_dims = [d for d in range(upd.rank) if d not in window_dims]
-    free = [k for k in range(len(op_shape)) if k not in inserted]
-    window = [1] * len(op_shape)
-    for k, d in zip(free, window_dims):
-        window[k] = upd.shape[d]
-    positions = list(np.ndindex(*[upd.shape[d] for d in scatter_dims]))
-    if len(positions) > MAX_WINDOWS:
-        raise _refuse(eqn, f"of {len(positions)} windows is too large to unroll "
-                           f"(limit {MAX_WINDOWS})")
-    vectors = np.asarray(indices).reshape(-1, np.shape(indices)[-1] if np.ndim(indices) else 1)
-    starts_seen: list[tuple[int, ...]] = []
-    out = operand
-    for n, pos in enumerate(positions):
-        start = [0] * len(op_shape)
-        for i, k in enumerate(to_operand):
-            start[k] = int(vectors[n][i])
-        for k in range(len(op_shape)):
-            hi = op_shape[k] - window[k]
-            if clip:
-                start[k] = min(max(start[k], 0), hi)
-            elif not 0 <= start[k] <= hi:
-                raise _refuse(eqn, f"with a window out of bounds (start {start[k]} in dim {k} of "
-                                   f"size {op_shape[k]}) is not supported")
-        if combine is None and any(_overlap(start, s, window) for s in starts_seen):
-            raise _refuse(eqn, "with overlapping windows (their order is unspecified) is not "
-                               "supported")
-        starts_seen.append(tuple(start))
-        # the window of the updates at this position, shaped like the operand's window
-        lo = [0] * upd.rank
-        hi = list(upd.shape)
-        for d, p in zip(scatter_dims, pos):
-            lo[d], hi[d] = p, p + 1
-        piece = ctx.b.op("slice", [updates], tuple(h - l for l, h in zip(lo, hi)), upd.dtype,
-                         {"start_indices": tuple(lo), "limit_indices": tuple(hi), "strides": None},
-                         loc, eqn.primitive.name)
-        piece = ctx.b.op("reshape", [piece], tuple(window), upd.dtype, {}, loc, eqn.primitive.name)
-        if combine is not None:
-            current = ctx.b.op("slice", [out], tuple(window), dtype,
-                               {"start_indices": tuple(start),
-                                "limit_indices": tuple(s + w for s, w in zip(start, window)),
-                                "strides": None}, loc, eqn.primitive.name)
-            piece = ctx.b.op(combine, [current, piece], tuple(window), dtype, {}, loc,
-                             eqn.primitive.name)
-        offsets = [ctx.b.constant(np.asarray(s, dtype=np.int32), (), "int32", loc) for s in start]
-        out = ctx.b.op("dynamic_update_slice", [out, piece] + offsets, shape, dtype, {}, loc,
-                       eqn.primitive.name)
-    return [out]
+    name = eqn.primitive.name
 
+    def emit(kind: str, inputs: list[int], out: tuple[int, ...], dt: str, params: dict) -> int:
+        return ctx.b.op(kind, inputs, out, dt, params, loc, name)
 
-def _overlap(a: list[int], b: tuple[int, ...], window: list[int]) -> bool:
-    return all(x < y + w and y < x + w for x, y, w in zip(a, b, window))
+    def index(v: int) -> int:
+        return ctx.b.constant(np.asarray(v, dtype=np.int32), (), "int32", loc)
+
+    vectors = np.asarray(indices)
+    return [window_updates(ScatterSite(emit, index, lambda why: _refuse(eqn, why)), WindowScatter(
+        operand, op_t.shape, dtype, updates, upd.shape, upd.dtype, vectors,
+        max(vectors.ndim - 1, 0) if vectors.ndim else 0,
+        tuple(int(d) for d in dn.update_window_dims),
+        tuple(int(d) for d in dn.inserted_window_dims),
+        tuple(int(d) for d in dn.scatter_dims_to_operand_dims),
+        _COMBINE[name], "CLIP" in str(eqn.params.get("mode"))))]
 
 
 def _one_hot_scatter_add(ctx: Ctx, eqn: Any, ins: list[int]) -> int | None:

@@ -1,4 +1,4 @@
-"""HLO scatter with an add combiner, in the forms jax.grad of a gather emits
+"""HLO scatter: with an add combiner, in the forms jax.grad of a gather emits
 (jnp.take's and take_along_axis's transposes, before and after XLA rewrites
 batching dims into iota index columns): every window is one element along the
 indexed dims and whole along the others. It becomes the contraction it equals,
@@ -12,8 +12,11 @@ where onehot holds, for every update position s and indexed position j,
 the dot. An index out of range matches no position: its update is dropped, as
 XLA's CPU and GPU scatters drop an out-of-bounds window (its spec leaves it to
 the implementation; noted as an assumption unless the indices are known to be
-in range). Any other combiner or form (partial windows, several operands) is
-an UnknownOpError at the scatter's line."""
+in range). A scatter whose indices are known before run time, with any
+combiner or an overwriting reducer (`.at[i].set` as the SPMD partitioner leaves
+it), is the window updates it is (dlverify/scatter_windows.py, shared with the
+jaxpr frontend). Any other form (several operands, data-dependent indices
+of another combiner) is an UnknownOpError at the scatter's line."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -24,10 +27,16 @@ from dlverify.frontends.hlo.attributes import ints
 from dlverify.frontends.hlo.model import HloComputation, HloInstruction
 from dlverify.frontends.hlo.ops.registry import Val, handler
 from dlverify.ir import Op, SourceLoc
+from dlverify.errors import UnknownOpError
 from dlverify.ops.dtypes import is_int_dtype
+from dlverify.scatter_windows import ScatterSite, WindowScatter, window_updates
 
 if TYPE_CHECKING:
     from dlverify.frontends.hlo.lower import Lowerer
+
+# reducer opcode -> the combining kind ("set": the reducer returns the update)
+_COMBINE = {"add": "add", "multiply": "mul", "minimum": "min", "maximum": "max",
+            "overwrite": "set"}
 
 
 def _index_columns(L: Lowerer, ins: HloInstruction, idx: int, ivd: int, m: int,
@@ -129,8 +138,52 @@ def _scatter(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputati
              loc: SourceLoc) -> Val:
     if len(ops) != 3 or ins.shape.is_tuple:
         raise L.unknown(ins, "scatter of several operands is not supported")
-    L.reducer(ins, {"add": "add"})
+    combine = L.reducer(ins, _COMBINE)
     operand, idx, upd = (L.tid(ins, v) for v in ops)
+    known = L.known.get(idx)
+    batched = ins.attrs.get("input_batching_dims") or ins.attrs.get("scatter_indices_batching_dims")
+    if combine == "add":
+        try:
+            return _one_hot_add(L, ins, operand, idx, upd, loc)
+        except UnknownOpError:
+            if known is None or batched:
+                raise
+    elif known is None or batched:
+        raise L.unknown(ins, f"scatter ({combine}) whose indices are not known before run "
+                             f"time, or with batching dims, is not supported")
+    return _windows(L, ins, operand, idx, upd, known, combine, loc)
+
+
+def _windows(L: Lowerer, ins: HloInstruction, operand: int, idx: int, upd: int,
+             known: np.ndarray, combine: str, loc: SourceLoc) -> int:
+    """Indices known before run time: the window updates (dlverify/scatter_windows.py)."""
+    dtype = L.array_shape(ins).dtype
+    if L.shape_of(operand) != L.array_shape(ins).dims:
+        raise L.err(ins, "scatter result does not have its operand's shape")
+    ivd_attr = ints(ins.attrs.get("index_vector_dim"))
+
+    def emit(kind: str, inputs: list[int], out: tuple[int, ...], dt: str, params: dict) -> int:
+        return L.emit(kind, inputs, out, dt, params, loc, ins.name)
+
+    def index(v: int) -> int:
+        val = np.asarray(v, dtype=np.int32)
+        c = L.b.constant(val, (), "int32", loc, ins.name)
+        L.known[c] = val
+        return c
+
+    site = ScatterSite(emit, index, lambda why: L.unknown(ins, f"scatter {why}"))
+    return window_updates(site, WindowScatter(
+        operand, L.shape_of(operand), dtype, upd, L.shape_of(upd), L.dtype_of(upd),
+        np.asarray(known), ivd_attr[0] if ivd_attr else np.ndim(known),
+        ints(ins.attrs.get("update_window_dims")), ints(ins.attrs.get("inserted_window_dims")),
+        ints(ins.attrs.get("scatter_dims_to_operand_dims")),
+        None if combine == "set" else combine, False))
+
+
+def _one_hot_add(L: Lowerer, ins: HloInstruction, operand: int, idx: int, upd: int,
+                 loc: SourceLoc) -> int:
+    """A scatter-add of windows of one element along the indexed dims and whole along
+    the others, as the contraction it equals (the module docstring)."""
     O, I, U = L.shape_of(operand), L.shape_of(idx), L.shape_of(upd)
     # the result's declared type: a convert from pred is an identity of the IR, so
     # operand and updates may be bool while their sums are not
