@@ -39,6 +39,10 @@ pieces of a value that one side builds whole:
 
       slice(concat(a, b, c; k), [off_b : off_c) in k) = b
 
+* pad of transpose: transpose(pad(x)) with the padding config moved to x's dims
+  (pads move to the layout the program pads in; XLA transposes a convolution's
+  operand to its preferred layout and pads there).
+
 * all-gather of concatenate: an all-gather along dim a of a concatenate along
   another dim k is the concatenate along k of the pieces' all-gathers along a
   (each member's pieces land at the same offsets of a either way):
@@ -221,6 +225,28 @@ class _Rewriter:
                         output=op.output)
         return True
 
+    # ------------------------------------------------------------------ pad
+    def pad(self, op: Op) -> bool:
+        """pad(transpose(x)) is transpose(pad(x)) with the padding moved to x's dims:
+        pads move toward the program's own layout, where a halo exchange pads or
+        concatenates (XLA transposes a convolution's operand to its preferred layout
+        first; the program as written pads in its own)."""
+        t = self.producer.get(op.inputs[0])
+        if t is None or t.kind != "transpose":
+            return False
+        perm = t.params["permutation"]
+        cfg = [None] * len(perm)
+        for j, p in enumerate(perm):
+            cfg[p] = tuple(op.params["padding_config"][j])
+        x = t.inputs[0]
+        shape = tuple(lo + (n - 1) * (it + 1) + 1 + hi if n else lo + hi
+                      for n, (lo, hi, it) in zip(self.shape(x), cfg))
+        dtype = self.g.tensors[op.output].dtype
+        padded = self.new_op("pad", [x, op.inputs[1]], shape, dtype, {"padding_config": tuple(cfg)}, op)
+        self.new_op("transpose", [padded], self.shape(op.output), dtype, {"permutation": perm}, t,
+                    output=op.output)
+        return True
+
     # ------------------------------------------------------------ all_gather
     def all_gather(self, op: Op) -> bool:
         cat = self.producer.get(op.inputs[0])
@@ -272,6 +298,7 @@ class _Rewriter:
                 and (self.dot(op) or self.split_contracted and self.dot_contracted(op))) or \
             (op.kind == "all_reduce" and len(op.inputs) == 1 and self.all_reduce(op)) or \
             (op.kind == "slice" and self.slice(op)) or \
+            (op.kind == "pad" and self.pad(op)) or \
             (op.kind == "all_gather" and len(op.inputs) == 1 and self.all_gather(op))
 
     def run(self) -> bool:

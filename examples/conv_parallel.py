@@ -12,11 +12,13 @@ the causal depthwise conv of Mamba/Hyena-style sequence models.
   one row above and one below from the neighbours; the image border's zero rows
   are the ppermute's zeros on the first and last rank.
 - ViT patch embedding with the embedding dim split over 'tp'.
+- Data parallel (DP=4) with synchronised batch norm: each rank's per-channel sums
+  of its batch are psum'd before the mean and variance are taken.
 
 Twins: the halo from the wrong neighbour; each shard zero-padded on its own (the
 causal conv restarts on every shard); channel-parallel conv2 without its psum, or
 with its run-time weight scale (equalised learning rate) from the local shard's
-fan-in; the 2-D halo rows swapped.
+fan-in; the 2-D halo rows swapped; batch norm with each rank's own statistics.
 """
 import jax
 import jax.numpy as jnp
@@ -112,6 +114,64 @@ def conv_channel_parallel_grads():
                          dist=_cnn_dist(cnn_grads_local, out_specs=(P("tp"), P(None, "tp"))),
                          args=_cnn_args(), expect="verified",
                          description="weight gradients of the channel-parallel convs; TP=2")
+
+
+# -- data parallel with synchronised batch norm -----------------------------------
+
+DP, EPS = 4, 1e-5
+
+
+def _bn(y, mean, var, g, b):
+    def per_channel(v):
+        return v[None, :, None, None]
+    return (y - per_channel(mean)) * lax.rsqrt(per_channel(var) + EPS) * per_channel(g) + per_channel(b)
+
+
+def _bn_args():
+    f32 = jnp.float32
+    return (jax.ShapeDtypeStruct((B * DP, C, H, W), f32), jax.ShapeDtypeStruct((C1, C, 3, 3), f32),
+            jax.ShapeDtypeStruct((C1,), f32), jax.ShapeDtypeStruct((C1,), f32))
+
+
+def bn_seq(x, w, g, b):
+    y = _conv(x, w * HE1)
+    mean = jnp.mean(y, axis=(0, 2, 3))
+    var = jnp.mean((y - mean[None, :, None, None]) ** 2, axis=(0, 2, 3))
+    return jax.nn.relu(_bn(y, mean, var, g, b))
+
+
+def bn_local(x, w, g, b):
+    """SyncBatchNorm: the batch statistics summed over 'dp' before they are used."""
+    y = _conv(x, w * HE1)
+    n = y.shape[0] * y.shape[2] * y.shape[3] * DP          # elements per channel, all ranks
+    mean = lax.psum(jnp.sum(y, axis=(0, 2, 3)), "dp") / n
+    var = lax.psum(jnp.sum((y - mean[None, :, None, None]) ** 2, axis=(0, 2, 3)), "dp") / n
+    return jax.nn.relu(_bn(y, mean, var, g, b))
+
+
+def bn_local_unsynced(x, w, g, b):
+    y = _conv(x, w * HE1)
+    mean = jnp.mean(y, axis=(0, 2, 3))  # BUG: this rank's batch statistics (BatchNorm not synchronised)
+    var = jnp.mean((y - mean[None, :, None, None]) ** 2, axis=(0, 2, 3))
+    return jax.nn.relu(_bn(y, mean, var, g, b))
+
+
+def _bn_dist(fn):
+    mesh = dlverify.host_mesh((DP,), ("dp",))
+    return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=(P("dp"), P(), P(), P()),
+                                 out_specs=P("dp"), check_vma=False))
+
+
+@dlverify.case
+def conv_data_parallel_sync_bn():
+    return dlverify.Case(seq=bn_seq, dist=_bn_dist(bn_local), args=_bn_args(), expect="verified",
+                         description="conv + synchronised batch norm, batch split over 'dp'; DP=4")
+
+
+@dlverify.case
+def conv_data_parallel_bug_unsynced_bn():
+    return dlverify.Case(seq=bn_seq, dist=_bn_dist(bn_local_unsynced), args=_bn_args(),
+                         expect="bug", description="batch norm statistics of the local batch only")
 
 
 # -- causal depthwise conv1d over a split sequence -----------------------------

@@ -169,3 +169,20 @@ def test_fused_qkv_with_a_wrong_slice_offset_is_not_verified():
     t.output(qs, qd, (None, "x"))
     out = t.run()
     assert not out.result.verified
+
+
+@pytest.mark.parametrize("cfg", [((1, 2, 0), (0, 0, 0), (3, 0, 1)), ((0, 0, 0), (2, 1, 0), (0, 0, 0))])
+def test_a_pad_of_a_transpose_pads_in_the_operands_layout(cfg):
+    """pad(transpose(x)) = transpose(pad(x)), the config moved to x's dims (interior
+    padding too): XLA pads a convolution's operand after transposing it to its
+    layout, the program before."""
+    g, b, ids = graph()
+    x = inp(g, b, (2, 3, 4))
+    t = b.op("transpose", [x], (4, 2, 3), "float64", {"permutation": (2, 0, 1)})
+    zero = b.constant(np.zeros(()), (), "float64")
+    out = tuple(lo + (n - 1) * (it + 1) + 1 + hi for n, (lo, hi, it) in zip((4, 2, 3), cfg))
+    p = b.op("pad", [t, zero], out, "float64", {"padding_config": cfg})
+    g.outputs = [p]
+    h = check_same(g, ids)
+    assert kinds(h)[-2:] == ["pad", "transpose"]
+    assert h.ops[-2].inputs[0] == x
