@@ -106,6 +106,9 @@ def iota_columns(producer: dict[int, Op], shape: Callable[[int], tuple[int, ...]
     return out
 
 
+_SWEEPS = 4   # of the first pass: its rules' patterns chain at most three deep
+
+
 class _IntForms(_Rewriter):
     # ------------------------------------------------------------------ literals
     def int_literal(self, t: int) -> int | None:
@@ -228,6 +231,68 @@ class _IntForms(_Rewriter):
         self.new_op("reshape", [t], self.shape(op.output), dtype, {}, op, output=op.output)
         return True
 
+    def take_form(self, op: Op) -> tuple[int, tuple[int, ...]] | None:
+        """(looked-up dim, batch shape) of a gather in JAX's take form: one collapsed
+        dim indexed by a trailing size-1 index vector, every other dim sliced whole,
+        the batch dims at the collapsed dim's place."""
+        got = self.unbatched_gather(op)
+        if got is None:
+            return None
+        p, _, idx, o_shape = got
+        i_shape = self.shape(idx)
+        if len(p["start_index_map"]) != 1 or tuple(p["collapsed_slice_dims"]) != tuple(p["start_index_map"]) \
+                or not i_shape or p["index_vector_dim"] != len(i_shape) - 1 or i_shape[-1] != 1:
+            return None
+        dim, batch = p["start_index_map"][0], i_shape[:-1]
+        if tuple(p["slice_sizes"]) != tuple(1 if d == dim else n for d, n in enumerate(o_shape)) or \
+                tuple(p["offset_dims"]) != tuple(d for d in range(len(o_shape) - 1 + len(batch))
+                                                 if not dim <= d < dim + len(batch)):
+            return None
+        return dim, batch
+
+    def regrouped_take(self, op: Op) -> bool:
+        """take(x, reshape(y)) along dim, where the reshape regroups y's sized dims into
+        the batch dims B (its last dim the size-1 index vector), is reshape(take(x,
+        y'), ...) with y' = y and a size-1 index vector dim (y itself when its last dim
+        is of size 1): out[pre, b, post] = x[pre, y.flat[flat(b)], post] either way, a
+        row-major reshape of the contiguous batch block (pre and post kept). XLA's gather
+        simplifier flattens a lookup's batch dims into one."""
+        form = self.take_form(op)
+        if form is None:
+            return False
+        dim, batch = form
+        idx = y = op.inputs[1]
+        while (r := self.producer.get(y)) is not None and r.kind == "reshape":
+            y = r.inputs[0]
+        c = self.shape(y)
+        ends_unit = bool(c) and c[-1] == 1
+        new_batch = c[:-1] if ends_unit else c
+        if [n for n in new_batch if n != 1] == [n for n in batch if n != 1]:
+            return False   # (size-1 dims are other rules' concern: gather_batching.py)
+        dtype, it = self.g.tensors[op.output].dtype, self.g.tensors[idx].dtype
+        if not ends_unit:
+            y = self.new_op("reshape", [y], c + (1,), it, {}, op)
+        o_shape = self.shape(op.inputs[0])
+        shape = o_shape[:dim] + new_batch + o_shape[dim + 1:]
+        offsets = tuple(d for d in range(len(shape)) if not dim <= d < dim + len(new_batch))
+        t = self.new_op("gather", [op.inputs[0], y], shape, dtype, dict(op.params, offset_dims=offsets, index_vector_dim=len(new_batch)), op)
+        self.new_op("reshape", [t], self.shape(op.output), dtype, {}, op, output=op.output)
+        return True
+
+    def cancelled_reshapes(self, op: Op) -> bool:
+        """A chain of reshapes of a gather's output g back to g's shape is g (row-major
+        reshapes compose): what regrouped_take leaves before the reshapes XLA wrote
+        after its flattened lookup."""
+        if op.kind != "reshape":
+            return False
+        src = op.inputs[0]
+        while (r := self.producer.get(src)) is not None and r.kind == "reshape":
+            src = r.inputs[0]
+        g = self.producer.get(src)
+        if src == op.inputs[0] or g is None or g.kind != "gather" or self.shape(src) != self.shape(op.output):
+            return False
+        return self.fold(op, src)
+
     def gather_along(self, op: Op) -> bool:
         """A take_along_axis whose batch dims are iota components: JAX's batching form."""
         got = self.unbatched_gather(op)
@@ -288,6 +353,7 @@ class _IntForms(_Rewriter):
     # ------------------------------------------------------------------ driver
     def apply(self, op: Op) -> bool:
         return (self.signed_pow2(op) or self.gather_along(op) or self.gather_take(op)
+                or self.regrouped_take(op) or self.cancelled_reshapes(op)
                 or reshaped_all_reduce(self, op) or self.whole_slice(op))
 
 
@@ -344,9 +410,16 @@ class _KnownForms(_Rewriter):
 
 def fold_int_expansions(graph: Graph, ids: IdAllocator, mesh: Mesh | None) -> bool:
     """Fold XLA's integer rem / div and canonical gathers back, then the ops that known
-    values decide (module doc); each pass in one sweep (no rule's result is another
-    rule's pattern). Returns whether anything changed."""
-    return _IntForms(graph, ids).run() | _KnownForms(graph, ids, mesh).run()
+    values decide (module doc). The first pass sweeps until nothing changes (a take
+    gather_take folds back may then be regrouped, and its reshapes cancel: each rule
+    removes a pattern no rule creates, so few sweeps); the second is one sweep.
+    Returns whether anything changed."""
+    changed = False
+    for _ in range(_SWEEPS):
+        if not _IntForms(graph, ids).run():
+            break
+        changed = True
+    return _KnownForms(graph, ids, mesh).run() | changed
 
 
 __all__ = ["fold_int_expansions"]

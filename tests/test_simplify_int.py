@@ -192,6 +192,60 @@ def test_canonical_take_folds_into_jax_form(dim):
     assert len(gathers) == 1 and gathers[0].params["collapsed_slice_dims"] == (dim,)
 
 
+def _flattened_take(dim, ids_shape, via_row=True, back=True):
+    """XLA's lookup after its gather simplifier: the ids' dims flattened into one batch
+    dim (through a [1, n] bitcast when via_row), the unit slice dim kept, and (back)
+    the output reshaped to the ids' dims."""
+    o_shape, n = (3, 4, 2), int(np.prod(ids_shape))
+
+    def build(b, x, ids):
+        flat = b.op("reshape", [ids], (1, n), "int32") if via_row else ids
+        i = b.op("reshape", [flat], (n, 1), "int32")
+        slices = tuple(1 if d == dim else o_shape[d] for d in range(3))
+        g = b.op("gather", [x, i], (n,) + slices, "float32",
+                 dict(GATHER, offset_dims=(1, 2, 3), collapsed_slice_dims=(), start_index_map=(dim,),
+                      index_vector_dim=1, slice_sizes=slices))
+        if not back:
+            return g
+        rest = tuple(o_shape[d] for d in range(3) if d != dim)
+        return b.op("reshape", [g], ids_shape + rest, "float32")
+    return build, o_shape
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2])
+@pytest.mark.parametrize("ids_shape", [(2, 3), (2, 1, 3), (6, 1)])
+@pytest.mark.parametrize("via_row", [False, True])
+def test_a_take_at_flattened_ids_is_the_take_at_the_ids_reshaped(dim, ids_shape, via_row):
+    """take(x, reshape(ids, [n, 1])) = reshape(take(x, ids[..., None])): the same row
+    at every position of the row-major batch block (out-of-range ids clamped alike); the
+    reshape back to the ids' dims then cancels (a lookup at the first dim only: the
+    batch block leads, so the output reshape is the batch block's)."""
+    build, o_shape = _flattened_take(dim, ids_shape, via_row, back=dim == 0)
+    rng = np.random.default_rng(12 + dim)
+    samples = [[rng.standard_normal(o_shape).astype(np.float32),
+                rng.integers(-3, o_shape[dim] + 3, size=ids_shape).astype(np.int32)] for _ in range(3)]
+    g = _check(build, [(o_shape, "float32"), (ids_shape, "int32")], samples)
+    (gather,) = [o for o in g.ops if o.kind == "gather"]
+    batch = ids_shape[:-1] if ids_shape[-1] == 1 else ids_shape
+    assert g.tensors[gather.inputs[1]].shape == batch + (1,)
+    assert gather.params["collapsed_slice_dims"] == (dim,)
+    if dim == 0 and batch == ids_shape:   # the reshapes cancel: the lookup is the output
+        assert g.outputs == [gather.output]
+
+
+@pytest.mark.parametrize("ids_shape", [(6,), (1, 6)])
+def test_a_take_at_ids_with_size_1_dims_only_added_keeps_its_batch(ids_shape):
+    """Ids [6] or [1, 6] read as [6, 1]: no sized dim regrouped (size-1 dims are
+    gather_batching.py's concern), the lookup keeps its batch dim."""
+    build, o_shape = _flattened_take(0, ids_shape, via_row=False)
+    rng = np.random.default_rng(15)
+    samples = [[rng.standard_normal(o_shape).astype(np.float32),
+                rng.integers(0, 3, size=ids_shape).astype(np.int32)]]
+    g = _check(build, [(o_shape, "float32"), (ids_shape, "int32")], samples)
+    (gather,) = [o for o in g.ops if o.kind == "gather"]
+    assert g.tensors[gather.inputs[1]].shape == (6, 1)
+
+
 def _along(o_shape, iota_dim_size=None, iota_dim=0):
     """XLA's take_along_axis of the last dim: index columns (iota over the batch, j)."""
     m = o_shape[0]
@@ -312,6 +366,13 @@ def test_compiled_vocab_parallel_embedding_verifies_and_its_mask_twin_is_located
     vp = example_module("vocab_parallel")
     assert_compiled_case_and_twin(tmp_path, vp.vocab_parallel_embedding_xent(),
                                   vp.vocab_parallel_bug_embedding_mask_off_by_one(), dumped=True)
+
+
+def test_compiled_jit_sharded_embedding_verifies_and_its_shifted_ids_twin_is_located(tmp_path):
+    # examples/gspmd_jit.py: XLA flattens the ids [4, 8] of the masked lookup into [32, 1]
+    gj = example_module("gspmd_jit")
+    assert_compiled_case_and_twin(tmp_path, gj.gspmd_vocab_parallel_embedding(),
+                                  gj.gspmd_vocab_parallel_embedding_shifted_ids_bug())
 
 
 def test_compiled_vocab_parallel_gradients_verify_and_the_target_twin_is_located(tmp_path):
