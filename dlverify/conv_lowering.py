@@ -28,14 +28,10 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Callable
 
 from dlverify.errors import InputError, UnknownOpError
-
-# (kind, inputs, shape, params) -> the new op's result tensor, in the conv's dtype,
-# reported at the conv's source location
-Emit = Callable[[str, list[int], tuple[int, ...], dict], int]
-
+from dlverify.window_lowering import (WindowSite, extra_high, out_sizes, padded, reshape, slice_,
+                                      transpose, window_rows)
 
 @dataclass(frozen=True)
 class ConvSpec:
@@ -56,34 +52,6 @@ class ConvSpec:
     batch_group_count: int = 1
 
 
-@dataclass(frozen=True)
-class ConvSite:
-    """Where a convolution is expanded: how to emit an op, and a scalar zero of
-    its dtype (the padding value)."""
-
-    emit: Emit
-    zero: Callable[[], int]
-
-
-def _transpose(site: ConvSite, t: int, shape: tuple[int, ...], perm: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
-    if perm == tuple(range(len(perm))):
-        return t, shape
-    out = tuple(shape[p] for p in perm)
-    return site.emit("transpose", [t], out, {"permutation": perm}), out
-
-
-def _reshape(site: ConvSite, t: int, shape: tuple[int, ...], out: tuple[int, ...]) -> int:
-    return t if out == shape else site.emit("reshape", [t], out, {})
-
-
-def _slice(site: ConvSite, t: int, shape: tuple[int, ...], start: tuple[int, ...],
-           limit: tuple[int, ...]) -> int:
-    if start == (0,) * len(shape) and limit == shape:
-        return t
-    return site.emit("slice", [t], tuple(b - a for a, b in zip(start, limit)),
-                     {"start_indices": start, "limit_indices": limit, "strides": None})
-
-
 def _check(spec: ConvSpec, x: tuple[int, ...], w: tuple[int, ...], out: tuple[int, ...],
            where: tuple[str, int | None]) -> tuple[int, ...]:
     """The output's spatial sizes, after checking the attributes fit the shapes."""
@@ -102,12 +70,7 @@ def _check(spec: ConvSpec, x: tuple[int, ...], w: tuple[int, ...], out: tuple[in
     if G < 1 or B < 1 or (G > 1 and B > 1) or c != i * G or o % (G * B) or n % B:
         raise InputError(f"convolution groups do not fit: {G} feature groups, {B} batch "
                              f"groups, operand {x}, kernel {w}", *where)
-    sizes = []
-    for d in range(k):
-        (lo, hi), ld, rd, s = spec.padding[d], spec.lhs_dilation[d], spec.rhs_dilation[d], spec.strides[d]
-        padded = (x[2 + d] - 1) * ld + 1 + lo + hi
-        span = (w[2 + d] - 1) * rd + 1
-        sizes.append(max(0, (padded - span) // s + 1) if padded >= span else 0)
+    sizes = out_sizes(x[2:], w[2:], spec.strides, _pads(spec), spec.rhs_dilation)
     want = (n // B, o) + tuple(sizes)
     if tuple(out[p] for p in spec.out_spec) != want:
         raise InputError(f"convolution result {out} does not fit operand {x}, kernel {w} "
@@ -115,57 +78,32 @@ def _check(spec: ConvSpec, x: tuple[int, ...], w: tuple[int, ...], out: tuple[in
     return tuple(sizes)
 
 
-def _padded(site: ConvSite, x: int, shape: tuple[int, ...], spec: ConvSpec,
+def _pads(spec: ConvSpec) -> tuple[tuple[int, int, int], ...]:
+    """(lo, hi, interior) of each spatial dim."""
+    return tuple((lo, hi, ld - 1) for (lo, hi), ld in zip(spec.padding, spec.lhs_dilation))
+
+
+def _padded(site: WindowSite, x: int, shape: tuple[int, ...], spec: ConvSpec,
             extra: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
     """The operand, in its own layout (spatial dim d is dim lhs_spec[2 + d]: a halo
-    exchange pads or concatenates in that layout), with its padding, lhs dilation
-    and `extra` zeros at the high end of each spatial dim. Negative padding crops the
-    padded (and dilated) operand, so it is a slice after the positive part, and the
-    extra zeros come after that."""
-    rank = len(shape)
-    where = {dim: d for d, dim in enumerate(spec.lhs_spec[2:])}
-
-    def per_dim(f) -> list:
-        return [f(where[i]) if i in where else None for i in range(rank)]
-
-    def pad(t: int, sh: tuple[int, ...], cfg: list) -> tuple[int, tuple[int, ...]]:
-        cfg = [c or (0, 0, 0) for c in cfg]
-        if all(c == (0, 0, 0) for c in cfg):
-            return t, sh
-        out = tuple(lo + (n - 1) * (it + 1) + 1 + hi for n, (lo, hi, it) in zip(sh, cfg))
-        return site.emit("pad", [t, site.zero()], out, {"padding_config": tuple(cfg)}), out
-
-    cropped = any(lo < 0 or hi < 0 for lo, hi in spec.padding)
-    x, sh = pad(x, shape, per_dim(lambda d: (
-        max(spec.padding[d][0], 0), max(spec.padding[d][1], 0) + (0 if cropped else extra[d]),
-        spec.lhs_dilation[d] - 1)))
-    if not cropped:
-        return x, sh
-    start = tuple(v or 0 for v in per_dim(lambda d: -min(spec.padding[d][0], 0)))
-    cut = tuple(v or 0 for v in per_dim(lambda d: -min(spec.padding[d][1], 0)))
-    limit = tuple(n - c for n, c in zip(sh, cut))
-    x = _slice(site, x, sh, start, limit)
-    sh = tuple(b - a for a, b in zip(start, limit))
-    return pad(x, sh, per_dim(lambda d: (0, extra[d], 0)))
+    exchange pads or concatenates in that layout), zero-padded with its padding,
+    lhs dilation and `extra` zeros at the high end of each spatial dim."""
+    pads = [(0, 0, 0)] * len(shape)
+    more = [0] * len(shape)
+    for d, dim in enumerate(spec.lhs_spec[2:]):
+        pads[dim] = _pads(spec)[d]
+        more[dim] = extra[d]
+    return padded(site, x, shape, tuple(pads), tuple(more), 0.0)
 
 
-def _tap_rows(site: ConvSite, xp: int, shape: tuple[int, ...], tap: tuple[int, ...],
+def _tap_rows(site: WindowSite, xp: int, shape: tuple[int, ...], tap: tuple[int, ...],
               spec: ConvSpec, sizes: tuple[int, ...]) -> int:
     """The padded operand's elements one tap reads: [n, c, out...], every stride-th."""
-    k = len(sizes)
     start = (0, 0) + tuple(t * rd for t, rd in zip(tap, spec.rhs_dilation))
-    limit = shape[:2] + tuple(a + o * s for a, o, s in zip(start[2:], sizes, spec.strides))
-    t = _slice(site, xp, shape, start, limit)
-    if all(s == 1 for s in spec.strides):
-        return t
-    split = shape[:2] + tuple(v for o, s in zip(sizes, spec.strides) for v in (o, s))
-    t = _reshape(site, t, tuple(b - a for a, b in zip(start, limit)), split)
-    first = shape[:2] + tuple(v for o in sizes for v in (o, 1))
-    t = _slice(site, t, split, (0,) * len(split), first)
-    return _reshape(site, t, first, shape[:2] + sizes) if k else t
+    return window_rows(site, xp, shape, start, shape[:2] + sizes, (1, 1) + spec.strides)
 
 
-def _dot(site: ConvSite, xt: int, wt: int, n: int, c: int, o: int, i: int,
+def _dot(site: WindowSite, xt: int, wt: int, n: int, c: int, o: int, i: int,
          sizes: tuple[int, ...], win: tuple[int, ...], G: int, B: int) -> tuple[int, tuple[int, ...]]:
     """xt [n, c, out..., win...] times wt [o, i, win...], contracting the input
     features and the window dims (one tap: no window; one output position: no out
@@ -178,16 +116,16 @@ def _dot(site: ConvSite, xt: int, wt: int, n: int, c: int, o: int, i: int,
             "rhs_contract": (1,) + tuple(2 + j for j in range(m)),
             "lhs_batch": (), "rhs_batch": ()}), out
     if G > 1:   # [n, G, i, out..., win...] x [G, o/G, i, win...] -> [G, n, out..., o/G]
-        xs = _reshape(site, xt, (n, c) + sizes + win, (n, G, i) + sizes + win)
-        ws = _reshape(site, wt, (o, i) + win, (G, o // G, i) + win)
+        xs = reshape(site, xt, (n, c) + sizes + win, (n, G, i) + sizes + win)
+        ws = reshape(site, wt, (o, i) + win, (G, o // G, i) + win)
         out = (G, n) + sizes + (o // G,)
         return site.emit("dot_general", [xs, ws], out, {
             "lhs_contract": (2,) + tuple(3 + k + j for j in range(m)),
             "rhs_contract": (2,) + tuple(3 + j for j in range(m)),
             "lhs_batch": (1,), "rhs_batch": (0,)}), out
     # batch groups: [B, n/B, c, out..., win...] x [B, o/B, i, win...] -> [B, n/B, out..., o/B]
-    xs = _reshape(site, xt, (n, c) + sizes + win, (B, n // B, c) + sizes + win)
-    ws = _reshape(site, wt, (o, i) + win, (B, o // B, i) + win)
+    xs = reshape(site, xt, (n, c) + sizes + win, (B, n // B, c) + sizes + win)
+    ws = reshape(site, wt, (o, i) + win, (B, o // B, i) + win)
     out = (B, n // B) + sizes + (o // B,)
     return site.emit("dot_general", [xs, ws], out, {
         "lhs_contract": (2,) + tuple(3 + k + j for j in range(m)),
@@ -195,31 +133,31 @@ def _dot(site: ConvSite, xt: int, wt: int, n: int, c: int, o: int, i: int,
         "lhs_batch": (0,), "rhs_batch": (0,)}), out
 
 
-def _canonical(site: ConvSite, y: int, shape: tuple[int, ...], n: int, o: int,
+def _canonical(site: WindowSite, y: int, shape: tuple[int, ...], n: int, o: int,
                sizes: tuple[int, ...], G: int, B: int) -> int:
     """The summed taps as [n', o, out...] (n' = n / B)."""
     k = len(sizes)
     if G == 1 and B == 1:   # [n, out..., o]
-        y, _ = _transpose(site, y, shape, (0, k + 1) + tuple(range(1, k + 1)))
+        y, _ = transpose(site, y, shape, (0, k + 1) + tuple(range(1, k + 1)))
         return y
     if G > 1:   # [G, n, out..., o/G] -> [n, G, o/G, out...]
-        y, sh = _transpose(site, y, shape, (1, 0, k + 2) + tuple(range(2, k + 2)))
-        return _reshape(site, y, sh, (n, o) + sizes)
+        y, sh = transpose(site, y, shape, (1, 0, k + 2) + tuple(range(2, k + 2)))
+        return reshape(site, y, sh, (n, o) + sizes)
     # [B, n/B, out..., o/B] -> [n/B, B, o/B, out...]
-    y, sh = _transpose(site, y, shape, (1, 0, k + 2) + tuple(range(2, k + 2)))
-    return _reshape(site, y, sh, (n // B, o) + sizes)
+    y, sh = transpose(site, y, shape, (1, 0, k + 2) + tuple(range(2, k + 2)))
+    return reshape(site, y, sh, (n // B, o) + sizes)
 
 
-def _patches(site: ConvSite, x: int, xs: tuple[int, ...], w: int, ws: tuple[int, ...],
+def _patches(site: WindowSite, x: int, xs: tuple[int, ...], w: int, ws: tuple[int, ...],
              sizes: tuple[int, ...]) -> int:
     """Windows that tile the operand: x [n, c, s...] cut to out*k and split into
     (out, k) per spatial dim, contracted with w [o, i, k...] over (c, k...) in one
     dot: [n, out..., o]."""
     kern = ws[2:]
     used = xs[:2] + tuple(o * kk for o, kk in zip(sizes, kern))
-    x = _slice(site, x, xs, (0,) * len(xs), used)
+    x = slice_(site, x, xs, (0,) * len(xs), used)
     split = xs[:2] + tuple(v for o, kk in zip(sizes, kern) for v in (o, kk))
-    x = _reshape(site, x, used, split)
+    x = reshape(site, x, used, split)
     k = len(sizes)
     out = (xs[0],) + sizes + (ws[0],)
     return site.emit("dot_general", [x, w], out, {
@@ -228,7 +166,7 @@ def _patches(site: ConvSite, x: int, xs: tuple[int, ...], w: int, ws: tuple[int,
         "lhs_batch": (), "rhs_batch": ()})
 
 
-def _grid(site: ConvSite, pieces: dict[tuple[int, ...], int], lead: tuple[int, ...],
+def _grid(site: WindowSite, pieces: dict[tuple[int, ...], int], lead: tuple[int, ...],
           sizes: tuple[int, ...]) -> int:
     """One tensor [lead..., out...] from the pieces [lead..., 1...] of every output
     position, concatenated along the last spatial dim first."""
@@ -245,7 +183,7 @@ def _grid(site: ConvSite, pieces: dict[tuple[int, ...], int], lead: tuple[int, .
     return rows[()]
 
 
-def _taps(site: ConvSite, xp: int, ps: tuple[int, ...], w: int, ws: tuple[int, ...],
+def _taps(site: WindowSite, xp: int, ps: tuple[int, ...], w: int, ws: tuple[int, ...],
           spec: ConvSpec, sizes: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
     """The sum over kernel taps of each tap's dot (rows of the padded operand)."""
     n, c, o, i, k = ps[0], ps[1], ws[0], ws[1], len(sizes)
@@ -253,14 +191,14 @@ def _taps(site: ConvSite, xp: int, ps: tuple[int, ...], w: int, ws: tuple[int, .
     y, ys = -1, ()
     for tap in itertools.product(*(range(kk) for kk in ws[2:])):
         xt = _tap_rows(site, xp, ps, tap, spec, sizes)
-        wt = _slice(site, w, ws, (0, 0) + tap, (o, i) + tuple(t + 1 for t in tap))
-        wt = _reshape(site, wt, (o, i) + (1,) * k, (o, i))
+        wt = slice_(site, w, ws, (0, 0) + tap, (o, i) + tuple(t + 1 for t in tap))
+        wt = reshape(site, wt, (o, i) + (1,) * k, (o, i))
         d, ds = _dot(site, xt, wt, n, c, o, i, sizes, (), G, B)
         y, ys = (d, ds) if y < 0 else (site.emit("add", [y, d], ds, {}), ds)
     return _canonical(site, y, ys, n, o, sizes, G, B), ys
 
 
-def _positions(site: ConvSite, xp: int, ps: tuple[int, ...], w: int, ws: tuple[int, ...],
+def _positions(site: WindowSite, xp: int, ps: tuple[int, ...], w: int, ws: tuple[int, ...],
                spec: ConvSpec, sizes: tuple[int, ...]) -> int:
     """One dot per output position, contracting its window (contiguous: no kernel
     dilation) with the whole kernel; the positions concatenated. Chosen when there
@@ -273,20 +211,20 @@ def _positions(site: ConvSite, xp: int, ps: tuple[int, ...], w: int, ws: tuple[i
     for pos in itertools.product(*(range(m) for m in sizes)):
         start = (0, 0) + tuple(p * st for p, st in zip(pos, spec.strides))
         limit = (n, c) + tuple(a + kk for a, kk in zip(start[2:], win))
-        xt = _slice(site, xp, ps, start, limit)
+        xt = slice_(site, xp, ps, start, limit)
         d, ds = _dot(site, xt, w, n, c, o, i, (), win, G, B)
         y = _canonical(site, d, ds, n, o, (), G, B)
-        pieces[pos] = _reshape(site, y, (n // B, o), (n // B, o) + (1,) * k)
+        pieces[pos] = reshape(site, y, (n // B, o), (n // B, o) + (1,) * k)
     return _grid(site, pieces, (n // B, o), sizes)
 
 
-def lower_conv(site: ConvSite, lhs: int, lhs_shape: tuple[int, ...], rhs: int,
+def lower_conv(site: WindowSite, lhs: int, lhs_shape: tuple[int, ...], rhs: int,
                rhs_shape: tuple[int, ...], out_shape: tuple[int, ...], spec: ConvSpec,
                where: tuple[str, int | None]) -> int:
     """The convolution's result, of `out_shape`, as IR ops emitted through `site`.
     `where` (file, line) names the instruction in errors."""
     xs = tuple(lhs_shape[p] for p in spec.lhs_spec)
-    w, ws = _transpose(site, rhs, rhs_shape, spec.rhs_spec)
+    w, ws = transpose(site, rhs, rhs_shape, spec.rhs_spec)
     sizes = _check(spec, xs, ws, tuple(out_shape), where)
     k = len(sizes)
     n, o = xs[0], ws[0]
@@ -296,18 +234,14 @@ def lower_conv(site: ConvSite, lhs: int, lhs_shape: tuple[int, ...], rhs: int,
     plain = all(p == (0, 0) for p in spec.padding) and \
         all(v == 1 for v in spec.lhs_dilation + spec.rhs_dilation)
     if plain and G == 1 and B == 1 and k and tuple(spec.strides) == ws[2:]:
-        x, _ = _transpose(site, lhs, lhs_shape, spec.lhs_spec)
+        x, _ = transpose(site, lhs, lhs_shape, spec.lhs_spec)
         y = _patches(site, x, xs, w, ws, sizes)
         y = _canonical(site, y, (n,) + sizes + (o,), n, o, sizes, G, B)
     else:
         # zeros at the high end so every tap's cut of out*stride elements fits
-        span = [(kk - 1) * rd for kk, rd in zip(ws[2:], spec.rhs_dilation)]
-        padded_size = [(s - 1) * ld + 1 + lo + hi for s, ld, (lo, hi) in
-                       zip(xs[2:], spec.lhs_dilation, spec.padding)]
-        extra = tuple(max(0, sp + o_ * st - p) for sp, o_, st, p in
-                      zip(span, sizes, spec.strides, padded_size))
+        extra = extra_high(xs[2:], ws[2:], sizes, spec.strides, _pads(spec), spec.rhs_dilation)
         xp, ps = _padded(site, lhs, tuple(lhs_shape), spec, extra)
-        xp, ps = _transpose(site, xp, ps, spec.lhs_spec)
+        xp, ps = transpose(site, xp, ps, spec.lhs_spec)
         if math.prod(sizes) < math.prod(ws[2:]) and all(rd == 1 for rd in spec.rhs_dilation):
             y = _positions(site, xp, ps, w, ws, spec, sizes)
         else:
@@ -316,5 +250,5 @@ def lower_conv(site: ConvSite, lhs: int, lhs_shape: tuple[int, ...], rhs: int,
     inv = [0] * (k + 2)
     for j, d in enumerate(spec.out_spec):
         inv[d] = j
-    y, _ = _transpose(site, y, (n // B, o) + sizes, tuple(inv))
+    y, _ = transpose(site, y, (n // B, o) + sizes, tuple(inv))
     return y

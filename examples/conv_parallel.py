@@ -4,7 +4,8 @@ the causal depthwise conv of Mamba/Hyena-style sequence models.
 
 - Channel parallel (TP=2): conv1's output channels are split over 'tp' (its kernel
   split on O), conv2 reads its own input channels (its kernel split on I) and
-  the partial sums are psum'd. Forward and weight gradients.
+  the partial sums are psum'd. Forward (also with a max pool between the convs)
+  and weight gradients.
 - Causal depthwise conv1d over a sequence split over 'sp' (SP=4): rank r needs
   the last K-1 positions of rank r-1 (a halo), received with ppermute; rank 0
   receives nothing (zeros), which is the causal zero padding.
@@ -98,6 +99,27 @@ def conv_channel_parallel_bug_local_fan_in():
     return dlverify.Case(seq=cnn_seq, dist=_cnn_dist(cnn_local_local_fan_in), args=_cnn_args(),
                          expect="bug",
                          description="the run-time weight scale computed from the local shard's fan-in")
+
+
+def _max_pool(h):
+    """3x3 windows, stride 2, SAME (-inf padding): ResNet's stem pooling."""
+    return lax.reduce_window(h, -jnp.inf, lax.max, (1, 1, 3, 3), (1, 1, 2, 2), "SAME")
+
+
+def pool_seq(x, w1, w2):
+    return _conv(_max_pool(jax.nn.relu(_conv(x, w1 * HE1))), w2 * HE2)
+
+
+def pool_local(x, w1, w2):
+    h = _max_pool(jax.nn.relu(_conv(x, w1 * HE1)))   # pooled per channel: this rank's
+    return lax.psum(_conv(h, w2 * HE2), "tp")
+
+
+@dlverify.case
+def conv_pool_channel_parallel():
+    return dlverify.Case(seq=pool_seq, dist=_cnn_dist(pool_local), args=_cnn_args(),
+                         expect="verified",
+                         description="channel-parallel convs with a max pool between them; TP=2")
 
 
 def cnn_grads_seq(x, w1, w2):

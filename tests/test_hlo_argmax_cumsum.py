@@ -11,7 +11,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from jax import lax  # noqa: E402
 
-from dlverify.errors import UnknownOpError  # noqa: E402
+from dlverify.errors import InputError, UnknownOpError  # noqa: E402
 from dlverify.frontends.hlo import hlo_to_graph, parse_hlo_module  # noqa: E402
 from dlverify.interpret import Interpreter  # noqa: E402
 from dlverify.ir import IdAllocator  # noqa: E402
@@ -138,17 +138,28 @@ ENTRY %main (x: f32[4,6]) -> f32[4,6] {
 """
 
 
-@pytest.mark.parametrize("window, init, what", [
-    ("size=1x3 pad=0_0x2_0", "0", "prefix scan"),              # a window of 3, not the dim's 6
-    ("size=1x6 pad=0_0x5_0 stride=1x2", "0", "prefix scan"),   # strided
-    ("size=1x6 pad=0_0x3_2", "0", "prefix scan"),              # centred, not a prefix
-    ("size=2x6 pad=1_0x5_0", "0", "prefix scan"),              # two dims at once
-    ("size=1x6 pad=0_0x5_0 rhs_dilate=1x2", "0", "prefix scan"),
-    ("size=1x6 pad=0_0x5_0", "1", "identity"),                 # init 1 is not add's identity
+@pytest.mark.parametrize("window, dims, strides, padding", [
+    ("size=1x3 pad=0_0x2_0", (1, 3), (1, 1), ((0, 0), (2, 0))),   # a window of 3: a sliding sum
+    ("size=1x6 pad=0_0x3_2", (1, 6), (1, 1), ((0, 0), (3, 2))),   # centred, not a prefix
+    ("size=2x6 pad=1_0x5_0", (2, 6), (1, 1), ((1, 0), (5, 0))),   # two dims at once
 ])
-def test_other_reduce_windows_are_unknown_ops_at_their_line(window, init, what):
+def test_other_reduce_windows_are_their_windows_sums(window, dims, strides, padding):
+    """Windows that are no prefix scan are expanded into the sum over window offsets
+    of slices of the padded operand (dlverify/window_lowering.py; tests/test_windows.py)."""
+    g, _ = lower(SCAN_MODULE.replace("WINDOW", window).replace("INIT", "0"))
+    x = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)
+    want = lax.reduce_window(x, 0.0, lax.add, dims, strides, padding)
+    np.testing.assert_allclose(run(g, x)[0], np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("window, init, error, what", [
+    ("size=1x6 pad=0_0x5_0 stride=1x2", "0", InputError, "does not fit"),   # 3 windows, not 6
+    ("size=1x6 pad=0_0x5_0 rhs_dilate=1x2", "0", InputError, "does not fit"),
+    ("size=1x6 pad=0_0x5_0", "1", UnknownOpError, "identity"),   # init 1 is not add's identity
+])
+def test_other_reduce_windows_are_errors_at_their_line(window, init, error, what):
     text = SCAN_MODULE.replace("WINDOW", window).replace("INIT", init)
-    with pytest.raises(UnknownOpError) as e:
+    with pytest.raises(error) as e:
         lower(text)
     assert e.value.line == 12 and what in e.value.message and "\n" not in str(e.value)
 

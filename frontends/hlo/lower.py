@@ -244,13 +244,18 @@ class Lowerer:
             # one line naming the instruction, never a traceback.
             raise self.err(ins, f"malformed {op} instruction ({type(e).__name__}: {e})") from e
 
+    def scalar(self, value: float, dtype: str, loc: SourceLoc, name: str) -> int:
+        """A known scalar constant (exact in `dtype`): a literal of an expansion."""
+        val = np.array(value, dtype=np_dtype(dtype))
+        c = self.b.constant(val, (), dtype, loc, name)
+        self.known[c] = val
+        return c
+
     def splat(self, value: float, shape: tuple[int, ...], dtype: str, loc: SourceLoc,
               name: str) -> int:
         """A known scalar constant (exact in `dtype`) broadcast to `shape`: the
         literals of expansions (custom calls, batch norms)."""
-        val = np.array(value, dtype=np_dtype(dtype))
-        c = self.b.constant(val, (), dtype, loc, name)
-        self.known[c] = val
+        c = self.scalar(value, dtype, loc, name)
         return self.emit("broadcast_in_dim", [c], shape, dtype, {"broadcast_dimensions": ()}, loc,
                          name)
 

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import numpy as np
 
 from dlverify.errors import InputError
-from dlverify.frontends.jaxpr import conv, loops, primitives, scatter, shard_map, sorting  # noqa: F401 - register the exporters
+from dlverify.frontends.jaxpr import loops, primitives, scatter, shard_map, sorting, windows  # noqa: F401 - register the exporters
 from dlverify.frontends.jaxpr.frames import home_file, prefer_callers
 from dlverify.frontends.jaxpr.shard_map import find_mesh
 from dlverify.frontends.jaxpr.walk import _OWN_FILES, Ctx, _dtype, walk

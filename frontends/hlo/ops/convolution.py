@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
-
-from dlverify.conv_lowering import ConvSite, ConvSpec, lower_conv
+from dlverify.conv_lowering import ConvSpec, lower_conv
+from dlverify.window_lowering import WindowSite
 from dlverify.frontends.hlo.attributes import parse_window
-from dlverify.frontends.hlo.model import HloComputation, HloInstruction, np_dtype
+from dlverify.frontends.hlo.model import HloComputation, HloInstruction
 from dlverify.frontends.hlo.ops.registry import Val, handler
 from dlverify.ir import SourceLoc
 
@@ -59,11 +58,8 @@ def _convolution(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloCompu
     def emit(kind: str, inputs: list[int], shape: tuple[int, ...], params: dict) -> int:
         return L.emit(kind, inputs, shape, out.dtype, params, loc, ins.name)
 
-    def zero() -> int:
-        val = np.zeros((), dtype=np_dtype(out.dtype))
-        c = L.b.constant(val, (), out.dtype, loc, ins.name)
-        L.known[c] = val
-        return c
+    def scalar(value: float) -> int:
+        return L.scalar(value, out.dtype, loc, ins.name)
 
-    return lower_conv(ConvSite(emit, zero), lhs, L.shape_of(lhs), rhs, L.shape_of(rhs),
+    return lower_conv(WindowSite(emit, scalar), lhs, L.shape_of(lhs), rhs, L.shape_of(rhs),
                       out.dims, spec, (L.file, ins.line))

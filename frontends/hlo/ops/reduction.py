@@ -14,6 +14,7 @@ from dlverify.frontends.hlo.model import HloComputation, HloInstruction
 from dlverify.frontends.hlo.ops.argreduce import arg_reduce
 from dlverify.frontends.hlo.ops.registry import Val, handler
 from dlverify.ir import SourceLoc
+from dlverify.window_lowering import ReduceWindow, WindowSite, lower_reduce_window
 
 if TYPE_CHECKING:
     from dlverify.frontends.hlo.lower import Lowerer
@@ -87,6 +88,7 @@ def _reduce(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputatio
     return L.emit(_REDUCE_KINDS[op], [x], sh.dims, sh.dtype, {"axes": tuple(axes)}, loc, ins.name)
 
 
+_WINDOW_REDUCERS = {"add": "add", "maximum": "max", "minimum": "min"}
 _SCAN_KINDS = {"add": "cumsum", "multiply": "cumprod", "maximum": "cummax", "minimum": "cummin"}
 
 
@@ -147,6 +149,31 @@ def _tiled_reduce(L: Lowerer, ins: HloInstruction, x: int, init: int, win: dict[
                   ins.name)
 
 
+def _windows(L: Lowerer, ins: HloInstruction, x: int, init: int, win: dict[str, list],
+             loc: SourceLoc) -> int:
+    """Any other window (pooling: overlapping windows, padding, dilations): the
+    reduction over window offsets of strided slices of the operand padded with the
+    init, the reducer's identity (dlverify/window_lowering.py)."""
+    if any(win["rhs_reversal"]):
+        raise L.unknown(ins, "reduce-window with a reversed window is not supported")
+    op = L.reducer(ins, {k: k for k in _REDUCE_KINDS})
+    _identity_init(L, ins, init, op)
+    out = L.array_shape(ins)
+    dtype = out.dtype
+
+    def emit(kind: str, inputs: list[int], shape: tuple[int, ...], params: dict) -> int:
+        return L.emit(kind, inputs, shape, dtype, params, loc, ins.name)
+
+    def scalar(value: float) -> int:
+        return L.scalar(value, dtype, loc, ins.name)
+
+    rw = ReduceWindow(_WINDOW_REDUCERS[op], tuple(win["size"]), tuple(win["stride"]),
+                      tuple(tuple(p) for p in win["pad"]), tuple(win["lhs_dilate"]),
+                      tuple(win["rhs_dilate"]))
+    return lower_reduce_window(WindowSite(emit, scalar), x, L.shape_of(x), out.dims, rw,
+                               (L.file, ins.line))
+
+
 @handler("reduce-window")
 def _reduce_window(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
                    loc: SourceLoc) -> Val:
@@ -170,11 +197,7 @@ def _reduce_window(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloCom
     if not scan and _tiled(win):
         return _tiled_reduce(L, ins, x, init, win, loc)
     if not scan:
-        raise L.unknown(ins, f"reduce-window is supported only as a prefix scan along one dim "
-                             f"(window n along it, 1 elsewhere, stride 1, padding (n-1, 0) or "
-                             f"(0, n-1), no dilation) or as windows that tile the operand "
-                             f"(stride = size, no dilation); this one has "
-                             f"window={ins.attrs.get('window')}")
+        return _windows(L, ins, x, init, win, loc)
     op = L.reducer(ins, {k: k for k in _SCAN_KINDS})
     _identity_init(L, ins, init, op)
     # the result's declared type, not the operand's: a convert from pred is an

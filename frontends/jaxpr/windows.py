@@ -1,0 +1,68 @@
+"""Exporters of the windowed primitives: `conv_general_dilated` (a ConvSpec,
+expanded by dlverify/conv_lowering.py, shared with the HLO frontend's
+`convolution`) and `reduce_window_{sum,max,min}` (pooling, expanded by
+dlverify/window_lowering.py, shared with HLO `reduce-window`)."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from dlverify.conv_lowering import ConvSpec, lower_conv
+from dlverify.frontends.jaxpr.walk import Ctx, _loc, _out, _where, exporter
+from dlverify.window_lowering import ReduceWindow, WindowSite, lower_reduce_window
+
+
+def _ints(v: Any) -> tuple[int, ...]:
+    return tuple(int(x) for x in v)
+
+
+def _site(ctx: Ctx, eqn: Any) -> WindowSite:
+    """Ops in the result's dtype at the equation's location."""
+    _, dtype = _out(eqn)
+    loc, name = _loc(eqn), eqn.primitive.name
+
+    def emit(kind: str, inputs: list[int], out: tuple[int, ...], params: dict) -> int:
+        return ctx.b.op(kind, inputs, out, dtype, params, loc, name)
+
+    def scalar(value: float) -> int:
+        return ctx.b.constant(np.asarray(value, dtype=np.dtype(dtype)), (), dtype, loc, name)
+
+    return WindowSite(emit, scalar)
+
+
+@exporter("conv_general_dilated")
+def _conv(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
+    p = eqn.params
+    dn = p["dimension_numbers"]
+    shape, _ = _out(eqn)
+    k = len(shape) - 2
+    spec = ConvSpec(
+        lhs_spec=_ints(dn.lhs_spec), rhs_spec=_ints(dn.rhs_spec), out_spec=_ints(dn.out_spec),
+        strides=_ints(p["window_strides"]),
+        padding=tuple((int(lo), int(hi)) for lo, hi in p["padding"]),
+        lhs_dilation=_ints(p.get("lhs_dilation") or (1,) * k),
+        rhs_dilation=_ints(p.get("rhs_dilation") or (1,) * k),
+        feature_group_count=int(p.get("feature_group_count", 1)),
+        batch_group_count=int(p.get("batch_group_count", 1)))
+    lhs, rhs = eqn.invars
+    return [lower_conv(_site(ctx, eqn), ins[0], tuple(lhs.aval.shape), ins[1],
+                       tuple(rhs.aval.shape), shape, spec, _where(eqn))]
+
+
+_REDUCERS = {"reduce_window_sum": "add", "reduce_window_max": "max", "reduce_window_min": "min"}
+
+
+@exporter(*_REDUCERS)
+def _reduce_window(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
+    p = eqn.params
+    shape, _ = _out(eqn)
+    x = eqn.invars[0]
+    k = len(x.aval.shape)
+    rw = ReduceWindow(_REDUCERS[eqn.primitive.name], _ints(p["window_dimensions"]),
+                      _ints(p["window_strides"]),
+                      tuple((int(lo), int(hi)) for lo, hi in p["padding"]),
+                      _ints(p.get("base_dilation") or (1,) * k),
+                      _ints(p.get("window_dilation") or (1,) * k))
+    return [lower_reduce_window(_site(ctx, eqn), ins[0], tuple(x.aval.shape), shape, rw,
+                                _where(eqn))]
