@@ -35,12 +35,19 @@ optimisations another, brought to one form.
   all-reduces, then sums the others, its inner sums are values the other side must
   keep (a vocabulary-parallel loss); where the other side merged them (XLA's
   algebraic simplifier, with no collective between), the two stay apart.
+* so a reduction over several axes is a chain of one-axis reductions, the last axis
+  reduced first: `red(x, {a1 < .. < ak}) = red(..red(x, {ak})..., {a1})` (reducing a
+  set in steps reduces its union; removing the highest axis first leaves the lower
+  axes' numbers unchanged). The program's `sum(sum(x, -1))` (a loss: the vocabulary,
+  then the batch) keeps its inner sum, and XLA's merged `sum(x, all)` (its algebraic
+  simplifier folds a reduce of a reduce) computes it again, the same way round. A
+  reduction of a reshape is left to the reshape rules, which read it whole.
 
 Each is an identity of real arithmetic for every input, applied to both graphs
 alike; tests/test_moe_compiled.py (the reduction of tiles: tests/test_compiled_forms.py)
 checks each numerically and where it must not fire. No rule makes a dot, a
-multiplication of booleans, a sort, an rsqrt or a reduction of a reduction, so none
-undoes another.
+multiplication of booleans, a sort or an rsqrt; one-axis chains are merged again
+only over a reshape, which the merged reduction no longer reads, so none undoes another.
 """
 from __future__ import annotations
 
@@ -62,7 +69,7 @@ def compiled_forms(s: "_Simplifier", op: Op) -> bool:
     """Whether one of this module's rules replaced `op` (in `s`'s pass)."""
     return (dot_without_contraction(s, op) or mask_of_masks(s, op) or whole_dim_top_k(s, op)
             or rsqrt_as_reciprocal(s, op) or select_of_booleans(s, op)
-            or reduction_of_tiles(s, op))
+            or reduction_of_tiles(s, op) or one_axis_reductions(s, op))
 
 
 def _bool_splat(s: "_Simplifier", t: int) -> float | None:
@@ -236,6 +243,25 @@ def reduction_of_tiles(s: "_Simplifier", op: Op) -> bool:
                  output=op.output if left == out.shape else None)
     if left != out.shape:
         s.new_op("reshape", [t], out.shape, out.dtype, {}, op, output=op.output)
+    return True
+
+
+def one_axis_reductions(s: "_Simplifier", op: Op) -> bool:
+    """A set reduction over several axes as a chain of one-axis reductions of its kind,
+    the highest axis first (module doc); not of a reshape (reduce_of_reshape and
+    reduction_of_tiles read a reshape's groups in one reduction)."""
+    if op.kind not in _SET_REDUCTIONS or len(op.inputs) != 1 or len(op.params["axes"]) < 2:
+        return False
+    src = s.producer.get(op.inputs[0])
+    if src is not None and src.kind == "reshape":
+        return False
+    axes = sorted(op.params["axes"])
+    out = s.g.tensors[op.output]
+    t, shape = op.inputs[0], s.shape(op.inputs[0])
+    for a in reversed(axes[1:]):
+        shape = shape[:a] + shape[a + 1:]
+        t = s.new_op(op.kind, [t], shape, out.dtype, {**op.params, "axes": (a,)}, op)
+    s.new_op(op.kind, [t], out.shape, out.dtype, {**op.params, "axes": (axes[0],)}, op, output=op.output)
     return True
 
 
