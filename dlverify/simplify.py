@@ -103,6 +103,23 @@ _NEUTRAL: dict[str, tuple[float, tuple[int, ...]]] = {
 _PASSES = 16
 
 
+def _sized(shape: tuple[int, ...], run: list[int]) -> list[int]:
+    """The dims of `run` of size > 1."""
+    return [d for d in run if shape[d] != 1]
+
+
+def _merge_groups_moving_units(src: tuple[int, ...], to: tuple[int, ...]) -> list[list[int]] | None:
+    """_merge_groups of a reshape that also moves size-1 dims: `to`'s size-1 dims get
+    empty runs, src's join a neighbour's run ([b, s, h, 1, k] -> [b, s, 1, h*k]); None
+    when the sized dims do not merge in runs."""
+    sized = tuple(n for n in to if n != 1)
+    runs = _merge_groups(src, sized) if sized else None
+    if runs is None or len(sized) == len(to):
+        return None
+    it = iter(runs)
+    return [[] if n == 1 else next(it) for n in to]
+
+
 class _Simplifier(_MoveRules, _SinkRules, _LayoutRules):
     """One pass (`run`) in op order, so every producer is seen before its readers;
     op creation, aliases and folds as in rewrites._Rewriter; the rules of
@@ -404,7 +421,7 @@ class _Simplifier(_MoveRules, _SinkRules, _LayoutRules):
         src, mid = self.shape(r.inputs[0]), self.shape(r.output)
         # (size-1 dims join a run like any other: a batch of one on a rank merges
         # as the whole batch does on the sequential side)
-        runs = _merge_groups(src, mid)
+        runs = _merge_groups(src, mid) or _merge_groups_moving_units(src, mid)
         if runs is None:
             return None
         order = perm if perm is not None else tuple(range(len(mid)))
@@ -431,9 +448,19 @@ class _Simplifier(_MoveRules, _SinkRules, _LayoutRules):
         if any(len(run) != 1 for j in p["lhs_batch"] for run in [lruns[j]]) \
                 or any(len(run) != 1 for j in p["rhs_batch"] for run in [rruns[j]]):
             return False
-        if any([lshape[d] for d in lruns[i]] != [rshape[d] for d in rruns[j]] for i, j in pairs) \
-                or all(len(lruns[i]) == 1 for i, _ in pairs):
+        # A size-1 dim of a contracted run sums over one index: when the runs differ only
+        # in those (a layer's [1, b, s] slice of a stack against [b, s]; the one query
+        # group of a KV head between the heads and the head dim), they are dropped
+        exact = all([lshape[d] for d in lruns[i]] == [rshape[d] for d in rruns[j]] for i, j in pairs)
+        if exact and all(len(lruns[i]) == 1 for i, _ in pairs):
             return False
+        if not exact:
+            lsized = {i: _sized(lshape, lruns[i]) for i, _ in pairs}
+            if any([lshape[d] for d in lsized[i]] != [rshape[d] for d in _sized(rshape, rruns[j])]
+                   for i, j in pairs) or all(len(run) <= 1 for run in lsized.values()):
+                return False
+            lruns = [_sized(lshape, r) if i in contracted[0] else r for i, r in enumerate(lruns)]
+            rruns = [_sized(rshape, r) if j in contracted[1] else r for j, r in enumerate(rruns)]
         ins, new_pos = [], []
         for x, runs, shape, c in ((lsrc, lruns, lshape, contracted[0]),
                                   (rsrc, rruns, rshape, contracted[1])):
@@ -442,7 +469,9 @@ class _Simplifier(_MoveRules, _SinkRules, _LayoutRules):
             # dot's order (the form a program that reshapes, then contracts, has)
             at: dict[int, list[int]] = {}
             dims: list[int] = []
-            for j in sorted(range(len(runs)), key=lambda j: runs[j][0]):
+            # (an empty run, a size-1 dim the reshape inserted or of a contracted run
+            # dropped, goes last: a size-1 dim moves no element)
+            for j in sorted(range(len(runs)), key=lambda j: runs[j][0] if runs[j] else len(shape)):
                 sizes = ([shape[d] for d in runs[j]] if j in c
                          else [math.prod(shape[d] for d in runs[j])])
                 at[j] = list(range(len(dims), len(dims) + len(sizes)))
