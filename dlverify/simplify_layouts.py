@@ -16,9 +16,11 @@ dot takes a transpose it can compute whole:
   Also through a reshape of the dot's result that merges runs of dims within each
   of those groups, and through all-gathers of it (gathering dim k of the result
   is gathering the dim of dot' that k becomes: each rank permutes its block
-  alike). Size-1 dims go with their group wherever P puts them (where a side puts
-  a rank's batch of one says nothing). When P moves batch dims among free dims
-  that are one operand's, then the other's, the dot takes the order of the free
+  alike) and collective_permutes (a ring pass sends a rank's whole value: the
+  transposed k a zigzag ring passes on). Size-1 dims go with their group
+  wherever P puts them (where a side puts a rank's batch of one says nothing).
+  When P moves batch dims among free dims that are one operand's, then the
+  other's, the dot takes the order of the free
   dims and a transpose moving the batch dims is left: transpose(dot', R) (Ulysses:
   the program's dq^T = k^T ds^T transposed to [q, h, d], where XLA computes
   dq = ds k as [h, q, d] and transposes it alike). A transpose interleaving the
@@ -35,7 +37,9 @@ dot takes a transpose it can compute whole:
   (a data-parallel Llama step's query gradient, read by its weight gradient and a
   transpose on the sequential side only);
 * transposes enter concatenations, slices and elementwise ops of one tensor and
-  splats: transpose(concat(x_i; k)) is concat(transpose(x_i); P^-1(k)); a
+  splats: transpose(concat(x_i; k)) is concat(transpose(x_i); P^-1(k)), also
+  through the collective_permutes between them (rotated halves of k passed on a
+  ring, as the sequential concatenation XLA moved a transpose into); a
   transpose of a slice or of a dynamic slice is the slice of the transpose with
   its bounds, strides, starts and sizes permuted alike (dynamic_slice clamps each
   start in its own dim); transpose(f(x, splats)) is f(transpose(x), splats);
@@ -45,8 +49,9 @@ dot takes a transpose it can compute whole:
 
 No rule moves a transpose out of a slice, a concatenation or an elementwise op,
 and a transpose enters an all-gather (against simplify_sink.transpose_out_of_all_gather,
-which moves transposes of gathered operands out) only when the dot under it takes
-it whole in the same rewrite, so no transpose is left under the gather.
+which moves transposes of gathered operands out) or a collective_permute (against
+simplify_moves.layout_out_of_permute) only when the dot or concatenation under it
+takes it whole in the same rewrite, so no transpose is left under the collective.
 
 A transposed dot is taken in every pass (as the swapped dot was before); the
 other rules join once the rest settled (`late`): moving transposes into slices,
@@ -177,7 +182,7 @@ class _LayoutRules(_Rewriter):
         gathers optional (see the module docstring); False when no dot' computes it."""
         gathers: list[Op] = []
         d = self.producer.get(op.inputs[0])
-        while d is not None and d.kind == "all_gather" and len(d.inputs) == 1:
+        while d is not None and d.kind in ("all_gather", "collective_permute") and len(d.inputs) == 1:
             gathers.append(d)
             d = self.producer.get(d.inputs[0])
         r = None
@@ -251,8 +256,9 @@ class _LayoutRules(_Rewriter):
             steps.append(("reshape", _permuted(self.shape(r.output), gorder), {}, r))
         for ga in reversed(gathers):
             g = dict(ga.params)
-            g["dimension"] = gorder.index(ga.params["dimension"])
-            steps.append(("all_gather", _permuted(self.shape(ga.output), gorder), g, ga))
+            if ga.kind == "all_gather":
+                g["dimension"] = gorder.index(ga.params["dimension"])
+            steps.append((ga.kind, _permuted(self.shape(ga.output), gorder), g, ga))
         # (at the dot's source: a failure there is the dot's, e.g. its partial sums)
         value = self.new_op("dot_general", [lhs, rhs], _permuted(dshape, order), dtype, q, d,
                             output=op.output if whole and not steps else None)
@@ -322,8 +328,13 @@ class _LayoutRules(_Rewriter):
 
     # ------------------------------------------------- concatenations, slices
     def transpose_into_concatenate(self, op: Op) -> bool:
-        """transpose(concat(x_i; k)) by P is concat(transpose(x_i) by P; P^-1(k))."""
+        """transpose(concat(x_i; k)) by P is concat(transpose(x_i) by P; P^-1(k)), also
+        with collective_permutes between the two (each then takes the new concat)."""
+        permutes: list[Op] = []      # (ring passes between: transpose(cp(x)) is cp(transpose(x)))
         cat = self.producer.get(op.inputs[0])
+        while cat is not None and cat.kind == "collective_permute" and len(cat.inputs) == 1:
+            permutes.append(cat)
+            cat = self.producer.get(cat.inputs[0])
         if cat is None or cat.kind != "concatenate":
             return False
         perm = list(op.params["permutation"])
@@ -331,7 +342,11 @@ class _LayoutRules(_Rewriter):
         pieces = [self._transposed(x, perm, op) for x in cat.inputs]
         q = dict(cat.params)
         q["dimension"] = perm.index(cat.params["dimension"])
-        self.new_op("concatenate", pieces, self.shape(op.output), dtype, q, cat, output=op.output)
+        value = self.new_op("concatenate", pieces, self.shape(op.output), dtype, q, cat,
+                            output=None if permutes else op.output)
+        for k, cp in enumerate(reversed(permutes)):
+            value = self.new_op("collective_permute", [value], self.shape(op.output), dtype, cp.params,
+                                cp, output=op.output if k == len(permutes) - 1 else None)
         return True
 
     def transpose_into_slice(self, op: Op) -> bool:

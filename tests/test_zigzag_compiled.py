@@ -176,8 +176,59 @@ def test_compiled_zigzag_causal_verifies_and_its_unpermute_twin_is_located(tmp_p
 
 
 @pytest.mark.parametrize("name", ["ring_zigzag_fori_loop", "ring_zigzag_per_rank_pick",
-                                  "ring_zigzag_grads"])
+                                  "ring_zigzag_grads", "ring_zigzag_rotary", "ring_zigzag_train"])
 def test_compiled_zigzag_case_verifies(tmp_path, name):
     case = getattr(example_module("ring_attention_zigzag"), name)()
     res = verify_texts(tmp_path, *compiled_pair(case, dumped=True))
     assert res.verified, [(f.op, f.line, f.message[:200]) for f in res.failures[:2]]
+
+
+# ------------------------------------------------ transposes through ring passes (simplify_layouts.py)
+
+PASSED = {
+    # the rotated halves of k concatenated, passed on twice, transposed for q k^T
+    "concatenate": """HloModule t, num_partitions=2
+
+ENTRY %main (a: f32[4,2], b: f32[4,2]) -> f32[4,4] {
+  %a = f32[4,2]{1,0} parameter(0)
+  %b = f32[4,2]{1,0} parameter(1)
+  %c = f32[4,4]{1,0} concatenate(%a, %b), dimensions={1}
+  %p = f32[4,4]{1,0} collective-permute(%c), channel_id=1, source_target_pairs={{0,1}}
+  %p2 = f32[4,4]{1,0} collective-permute(%p), channel_id=2, source_target_pairs={{1,0},{0,1}}
+  ROOT %t = f32[4,4]{0,1} transpose(%p2), dimensions={1,0}
+}
+""",
+    # k = x w passed on, transposed for q k^T
+    "dot": """HloModule t, num_partitions=2
+
+ENTRY %main (x: f32[4,3], w: f32[3,5]) -> f32[5,4] {
+  %x = f32[4,3]{1,0} parameter(0)
+  %w = f32[3,5]{1,0} parameter(1)
+  %k = f32[4,5]{1,0} dot(%x, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %p = f32[4,5]{1,0} collective-permute(%k), channel_id=1, source_target_pairs={{0,1}}
+  ROOT %t = f32[5,4]{0,1} transpose(%p), dimensions={1,0}
+}
+""",
+}
+
+
+@pytest.mark.parametrize("name", sorted(PASSED))
+def test_a_transpose_goes_through_ring_passes_into_what_computes_it(name):
+    """transpose(cp(x)) is cp(transpose(x)) (a permute sends a rank's whole value; a
+    rank receiving nothing holds zeros, which a transpose keeps), taken only into a
+    concatenation or a dot that computes it whole: by the shared evaluator on both
+    ranks (rank 0 receives nothing in the first pass), and no transpose is left."""
+    from dlverify.frontends.hlo import hlo_to_graph, parse_hlo_module
+    from dlverify.simplify import simplify_graph
+    ids = IdAllocator()
+    g, _ = hlo_to_graph(parse_hlo_module(PASSED[name], "t.hlo"), ids, "g")
+    rng = np.random.default_rng(1)
+    ins = [[rng.standard_normal(g.tensors[t].shape).astype(np.float32) for _ in range(2)]
+           for t in g.inputs]
+    before = Interpreter(g, 2).run(ins)[g.outputs[0]]
+    assert simplify_graph(g, ids)
+    assert all(op.inputs[0] in g.inputs for op in g.ops if op.kind == "transpose")   # (the pieces')
+    assert g.producer()[g.outputs[0]].kind == "collective_permute"
+    after = Interpreter(g, 2).run(ins)[g.outputs[0]]
+    for r in range(2):
+        np.testing.assert_allclose(after[r], before[r], rtol=1e-6, atol=1e-6)
