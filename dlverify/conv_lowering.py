@@ -20,8 +20,12 @@ to out*s elements (after zeros appended at the high end, which no tap reads),
 split into (out, s) and its first column kept, all slices of stride 1, which is
 what the layout rules relate. Windows that tile the operand (stride = window, no
 padding or dilation: a ViT patch embedding) are one dot of the operand split into
-(patches, window). Each step is an identity over the reals; tests/test_conv.py
-checks the expansion against `lax.conv_general_dilated` numerically.
+(patches, window). With fewer output positions than taps (a kernel gradient),
+the windows of all positions are stacked and contracted with the whole kernel
+in one dot (im2col). Which form a convolution takes depends on its sizes, so both
+programs must see the same choice. Each step is an identity over the reals;
+tests/test_conv.py checks the expansion against `lax.conv_general_dilated`
+numerically. The window pieces (padding, strided rows) are dlverify/window_lowering.py's.
 """
 from __future__ import annotations
 
@@ -30,8 +34,8 @@ import math
 from dataclasses import dataclass
 
 from dlverify.errors import InputError, UnknownOpError
-from dlverify.window_lowering import (WindowSite, extra_high, out_sizes, padded, reshape, slice_,
-                                      transpose, window_rows)
+from dlverify.window_lowering import (WindowSite, balanced, extra_high, out_sizes, padded, reshape,
+                                      slice_, transpose, window_rows)
 
 @dataclass(frozen=True)
 class ConvSpec:
@@ -166,56 +170,67 @@ def _patches(site: WindowSite, x: int, xs: tuple[int, ...], w: int, ws: tuple[in
         "lhs_batch": (), "rhs_batch": ()})
 
 
-def _grid(site: WindowSite, pieces: dict[tuple[int, ...], int], lead: tuple[int, ...],
-          sizes: tuple[int, ...]) -> int:
-    """One tensor [lead..., out...] from the pieces [lead..., 1...] of every output
-    position, concatenated along the last spatial dim first."""
-    k = len(sizes)
-    rows = dict(pieces)
-    for d in reversed(range(k)):
-        joined: dict[tuple[int, ...], int] = {}
-        for pos in sorted({p[:d] for p in rows}):
-            parts = [rows[pos + (q,)] for q in range(sizes[d])]
-            shape = lead + (1,) * d + sizes[d:]   # dims before d still one position
-            joined[pos] = parts[0] if len(parts) == 1 else site.emit(
-                "concatenate", parts, shape, {"dimension": len(lead) + d})
-        rows = joined
-    return rows[()]
-
-
 def _taps(site: WindowSite, xp: int, ps: tuple[int, ...], w: int, ws: tuple[int, ...],
           spec: ConvSpec, sizes: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
-    """The sum over kernel taps of each tap's dot (rows of the padded operand)."""
+    """The sum over kernel taps of each tap's dot (rows of the padded operand), a
+    balanced tree of adds."""
     n, c, o, i, k = ps[0], ps[1], ws[0], ws[1], len(sizes)
     G, B = spec.feature_group_count, spec.batch_group_count
-    y, ys = -1, ()
+    dots, ys = [], ()
     for tap in itertools.product(*(range(kk) for kk in ws[2:])):
         xt = _tap_rows(site, xp, ps, tap, spec, sizes)
         wt = slice_(site, w, ws, (0, 0) + tap, (o, i) + tuple(t + 1 for t in tap))
         wt = reshape(site, wt, (o, i) + (1,) * k, (o, i))
-        d, ds = _dot(site, xt, wt, n, c, o, i, sizes, (), G, B)
-        y, ys = (d, ds) if y < 0 else (site.emit("add", [y, d], ds, {}), ds)
+        d, ys = _dot(site, xt, wt, n, c, o, i, sizes, (), G, B)
+        dots.append(d)
+    y = balanced(site, "add", dots, ys)
     return _canonical(site, y, ys, n, o, sizes, G, B), ys
 
 
 def _positions(site: WindowSite, xp: int, ps: tuple[int, ...], w: int, ws: tuple[int, ...],
                spec: ConvSpec, sizes: tuple[int, ...]) -> int:
-    """One dot per output position, contracting its window (contiguous: no kernel
-    dilation) with the whole kernel; the positions concatenated. Chosen when there
-    are fewer positions than taps: a kernel gradient, whose window is the forward's
-    output, then contracts the positions a rank holds, a partial sum like any dot's."""
-    n, c, o, i, k = ps[0], ps[1], ws[0], ws[1], len(sizes)
+    """The windows of every output position (contiguous: no kernel dilation)
+    stacked along a new leading dim, contracted with the whole kernel in one dot
+    (im2col). Chosen when there are fewer positions than taps: in a kernel
+    gradient, whose window is the forward's output, a rank's share of the forward's
+    batch and positions is then a contracted block of one dot, a partial sum the
+    rules follow like any dot's."""
+    n, c, o, i = ps[0], ps[1], ws[0], ws[1]
     G, B = spec.feature_group_count, spec.batch_group_count
     win = ws[2:]
-    pieces = {}
-    for pos in itertools.product(*(range(m) for m in sizes)):
+    m = len(win)
+    rows = []
+    for pos in itertools.product(*(range(q) for q in sizes)):
         start = (0, 0) + tuple(p * st for p, st in zip(pos, spec.strides))
         limit = (n, c) + tuple(a + kk for a, kk in zip(start[2:], win))
         xt = slice_(site, xp, ps, start, limit)
-        d, ds = _dot(site, xt, w, n, c, o, i, (), win, G, B)
-        y = _canonical(site, d, ds, n, o, (), G, B)
-        pieces[pos] = reshape(site, y, (n // B, o), (n // B, o) + (1,) * k)
-    return _grid(site, pieces, (n // B, o), sizes)
+        rows.append(reshape(site, xt, (n, c) + win, (1, n, c) + win))
+    P = len(rows)
+    x = rows[0] if P == 1 else site.emit("concatenate", rows, (P, n, c) + win, {"dimension": 0})
+    if G == 1 and B == 1:   # [P, n, c, win] x [o, i, win] -> [P, n, o] -> [n, o, P]
+        y = site.emit("dot_general", [x, w], (P, n, o), {
+            "lhs_contract": (2,) + tuple(3 + j for j in range(m)),
+            "rhs_contract": (1,) + tuple(2 + j for j in range(m)), "lhs_batch": (), "rhs_batch": ()})
+        y, _ = transpose(site, y, (P, n, o), (1, 2, 0))
+        return reshape(site, y, (n, o, P), (n, o) + sizes)
+    if G > 1:   # [P, n, G, i, win] x [G, o/G, i, win] -> [G, P, n, o/G] -> [n, G, o/G, P]
+        xs = reshape(site, x, (P, n, c) + win, (P, n, G, i) + win)
+        wg = reshape(site, w, (o, i) + win, (G, o // G, i) + win)
+        out = (G, P, n, o // G)
+        y = site.emit("dot_general", [xs, wg], out, {
+            "lhs_contract": (3,) + tuple(4 + j for j in range(m)),
+            "rhs_contract": (2,) + tuple(3 + j for j in range(m)), "lhs_batch": (2,), "rhs_batch": (0,)})
+        y, sh = transpose(site, y, out, (2, 0, 3, 1))
+        return reshape(site, y, sh, (n, o) + sizes)
+    # [P, B, n/B, c, win] x [B, o/B, i, win] -> [B, P, n/B, o/B] -> [n/B, B, o/B, P]
+    xs = reshape(site, x, (P, n, c) + win, (P, B, n // B, c) + win)
+    wb = reshape(site, w, (o, i) + win, (B, o // B, i) + win)
+    out = (B, P, n // B, o // B)
+    y = site.emit("dot_general", [xs, wb], out, {
+        "lhs_contract": (3,) + tuple(4 + j for j in range(m)),
+        "rhs_contract": (2,) + tuple(3 + j for j in range(m)), "lhs_batch": (1,), "rhs_batch": (0,)})
+    y, sh = transpose(site, y, out, (2, 0, 3, 1))
+    return reshape(site, y, sh, (n // B, o) + sizes)
 
 
 def lower_conv(site: WindowSite, lhs: int, lhs_shape: tuple[int, ...], rhs: int,

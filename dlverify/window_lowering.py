@@ -9,7 +9,7 @@ expansion (dlverify/conv_lowering.py), and reduce-window (pooling:
 
 with xp the operand padded with the reducer's identity (0, -inf, +inf), which
 changes no window's reduction: a chain of elementwise adds (maxima, minima) of one
-strided slice per window offset. Windows that tile the operand (stride = window,
+strided slice per window offset, as a balanced tree. Windows that tile the operand (stride = window,
 no padding or dilation: 2x2 pooling) are the reduction over the window dims of
 the operand split into (windows, window). tests/test_windows.py checks both
 against JAX on random data.
@@ -121,6 +121,17 @@ def out_sizes(shape: tuple[int, ...], window: tuple[int, ...], strides: tuple[in
     return tuple(out)
 
 
+def balanced(site: WindowSite, kind: str, items: list[int], shape: tuple[int, ...]) -> int:
+    """items combined by the associative, commutative elementwise `kind` as a
+    balanced tree (its depth, log2 of the count, bounds the derivations and
+    explanations that follow it, where a chain would grow with the kernel)."""
+    while len(items) > 1:
+        pairs = [site.emit(kind, items[i:i + 2], shape, {}) if i + 1 < len(items) else items[i]
+                 for i in range(0, len(items), 2)]
+        items = pairs
+    return items[0]
+
+
 @dataclass(frozen=True)
 class ReduceWindow:
     """A reduce-window: its reducer (add, max, min) and, per dim, window size,
@@ -173,9 +184,7 @@ def lower_reduce_window(site: WindowSite, x: int, shape: tuple[int, ...],
         return site.emit(_REDUCE[rw.reducer], [t], tuple(sizes), {"axes": tuple(axes)})
     extra = extra_high(shape, rw.window, sizes, rw.strides, pads, rw.window_dilation)
     xp, ps = padded(site, x, shape, pads, extra, value)
-    out = -1
-    for tap in itertools.product(*(range(w) for w in rw.window)):
-        start = tuple(t * wd for t, wd in zip(tap, rw.window_dilation))
-        rows = window_rows(site, xp, ps, start, sizes, rw.strides)
-        out = rows if out < 0 else site.emit(rw.reducer, [out, rows], sizes, {})
-    return out
+    rows = [window_rows(site, xp, ps, tuple(t * wd for t, wd in zip(tap, rw.window_dilation)),
+                        sizes, rw.strides)
+            for tap in itertools.product(*(range(w) for w in rw.window))]
+    return balanced(site, rw.reducer, rows, sizes)

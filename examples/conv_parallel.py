@@ -14,7 +14,7 @@ the causal depthwise conv of Mamba/Hyena-style sequence models.
   are the ppermute's zeros on the first and last rank.
 - ViT patch embedding with the embedding dim split over 'tp'.
 - Data parallel (DP=4) with synchronised batch norm: each rank's per-channel sums
-  of its batch are psum'd before the mean and variance are taken.
+  of its batch are psum'd before the mean and variance are taken (forward).
 
 Twins: the halo from the wrong neighbour; each shard zero-padded on its own (the
 causal conv restarts on every shard); channel-parallel conv2 without its psum, or

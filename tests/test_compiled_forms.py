@@ -21,7 +21,7 @@ from jax import lax
 from rulekit import assert_views_hold
 from test_simplify import _graph
 
-from dlverify.errors import UnknownOpError
+from dlverify.errors import InputError, UnknownOpError
 from dlverify.frontends.hlo import hlo_to_graph, parse_hlo_module
 from dlverify.interpret import Interpreter
 from dlverify.ir import IdAllocator
@@ -129,14 +129,28 @@ def test_hand_written_tiled_windows(window, out, want):
         np.testing.assert_array_equal(got[r], want(ins[0][r]))
 
 
-@pytest.mark.parametrize("window, out, init, what", [
-    ("size=2x3 stride=1x3", "3,2", "-inf", "prefix scan"),          # overlapping windows
-    ("size=2x3 stride=2x3 lhs_dilate=2x1", "4,2", "-inf", "tile"),  # dilated operand
-    ("size=2x3 stride=2x3 rhs_dilate=1x2", "2,1", "-inf", "tile"),  # dilated window
-    ("size=2x3 stride=2x3", "2,2", "0", "identity"),                # 0 is not max's identity
+@pytest.mark.parametrize("window, out, dims, strides, base, wdil", [
+    ("size=2x3 stride=1x3", "3,2", (2, 3), (1, 3), (1, 1), (1, 1)),            # overlapping
+    ("size=2x3 stride=2x3 rhs_dilate=1x2", "2,1", (2, 3), (2, 3), (1, 1), (1, 2)),  # dilated window
 ])
-def test_other_windows_are_unknown_ops_at_their_line(window, out, init, what):
-    with pytest.raises(UnknownOpError) as e:
+def test_other_windows_are_their_window_maxima(window, out, dims, strides, base, wdil):
+    """Windows that do not tile the operand: the maximum over window offsets of
+    strided slices (dlverify/window_lowering.py), as lax.reduce_window computes."""
+    g, _ = _lower(_window_module(window, out))
+    ins = _rank_inputs(np.random.default_rng(1), [(4, 6)])
+    (got,) = _run(g, ins)
+    for r in range(RANKS):
+        want = lax.reduce_window(ins[0][r], -np.inf, lax.max, dims, strides, "VALID",
+                                 base_dilation=base, window_dilation=wdil)
+        np.testing.assert_array_equal(got[r], np.asarray(want))
+
+
+@pytest.mark.parametrize("window, out, init, error, what", [
+    ("size=2x3 stride=2x3 lhs_dilate=2x1", "4,2", "-inf", InputError, "does not fit"),  # 3 rows
+    ("size=2x3 stride=2x3", "2,2", "0", UnknownOpError, "identity"),   # 0 is not max's identity
+])
+def test_other_windows_are_errors_at_their_line(window, out, init, error, what):
+    with pytest.raises(error) as e:
         _lower(_window_module(window, out, init))
     assert e.value.line == 12 and what in e.value.message and "\n" not in str(e.value)
 
