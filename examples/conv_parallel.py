@@ -14,7 +14,8 @@ the causal depthwise conv of Mamba/Hyena-style sequence models.
   are the ppermute's zeros on the first and last rank.
 - ViT patch embedding with the embedding dim split over 'tp'.
 - Data parallel (DP=4) with synchronised batch norm: each rank's per-channel sums
-  of its batch are psum'd before the mean and variance are taken (forward).
+  of its batch are psum'd before the mean and variance are taken (forward); a
+  conv's kernel gradient, pmean'd.
 
 Twins: the halo from the wrong neighbour; each shard zero-padded on its own (the
 causal conv restarts on every shard); channel-parallel conv2 without its psum, or
@@ -194,6 +195,24 @@ def conv_data_parallel_sync_bn():
 def conv_data_parallel_bug_unsynced_bn():
     return dlverify.Case(seq=bn_seq, dist=_bn_dist(bn_local_unsynced), args=_bn_args(),
                          expect="bug", description="batch norm statistics of the local batch only")
+
+
+def dp_grads_seq(x, w, g, b):
+    return jax.grad(lambda w_: jnp.mean(jax.nn.relu(_conv(x, w_ * HE1)) ** 2))(w)
+
+
+def dp_grads_local(x, w, g, b):
+    gw = jax.grad(lambda w_: jnp.mean(jax.nn.relu(_conv(x, w_ * HE1)) ** 2))(w)
+    return lax.pmean(gw, "dp")                    # each rank's mean loss: their mean
+
+
+@dlverify.case
+def conv_data_parallel_grads():
+    mesh = dlverify.host_mesh((DP,), ("dp",))
+    dist = jax.jit(jax.shard_map(dp_grads_local, mesh=mesh, in_specs=(P("dp"), P(), P(), P()),
+                                 out_specs=P(), check_vma=False))
+    return dlverify.Case(seq=dp_grads_seq, dist=dist, args=_bn_args(), expect="verified",
+                         description="the kernel gradient of a conv, batch split over 'dp', pmean; DP=4")
 
 
 # -- causal depthwise conv1d over a split sequence -----------------------------
