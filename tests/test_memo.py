@@ -165,7 +165,7 @@ def test_memo_hits_give_the_views_and_verdict_of_one_fixpoint():
 
 
 def test_memo_does_not_hide_a_block_that_differs():
-    res = verify_problem(_chain_problem(200, bad_at=151), engine="clingo", window=24)
+    res = verify_problem(_chain_problem(100, bad_at=75), engine="clingo", window=24)
     assert not res.verified
     assert res.failures[0].op == "exp"
 
