@@ -97,7 +97,7 @@ def _padded(site: WindowSite, x: int, shape: tuple[int, ...], spec: ConvSpec,
     for d, dim in enumerate(spec.lhs_spec[2:]):
         pads[dim] = _pads(spec)[d]
         more[dim] = extra[d]
-    return padded(site, x, shape, tuple(pads), tuple(more), 0.0)
+    return padded(site, x, shape, tuple(pads), tuple(more), site.scalar(0.0))
 
 
 def _tap_rows(site: WindowSite, xp: int, shape: tuple[int, ...], tap: tuple[int, ...],

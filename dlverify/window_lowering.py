@@ -7,17 +7,17 @@ expansion (dlverify/conv_lowering.py), and reduce-window (pooling:
 
     out[p] = reduce over window offsets t of xp[p * stride + t * window_dilation]
 
-with xp the operand padded with the reducer's identity (0, -inf, +inf), which
-changes no window's reduction: a chain of elementwise adds (maxima, minima) of one
-strided slice per window offset, as a balanced tree. Windows that tile the operand (stride = window,
-no padding or dilation: 2x2 pooling) are the reduction over the window dims of
-the operand split into (windows, window). tests/test_windows.py checks both
+with xp the operand padded with the reducer's identity (0, -inf, +inf, ...),
+which changes no window's reduction: elementwise adds (maxima, minima, ...) of one
+strided slice per window offset, as a balanced tree. Windows that tile the padded
+operand (stride = window, padding not negative, no dilation: 2x2 pooling, XLA's
+tree-reduction rewriter) are the reduction over the window dims of the operand
+split into (windows, window). tests/test_windows.py checks both
 against JAX on random data.
 """
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -27,8 +27,9 @@ from dlverify.errors import InputError, UnknownOpError
 # reported at its source location
 Emit = Callable[[str, list[int], tuple[int, ...], dict], int]
 
-_IDENTITY = {"add": 0.0, "max": -math.inf, "min": math.inf}
-_REDUCE = {"add": "reduce_sum", "max": "reduce_max", "min": "reduce_min"}
+# a window's elementwise combiner -> the reduction over a tiled window's dims
+_REDUCE = {"add": "reduce_sum", "mul": "reduce_prod", "max": "reduce_max", "min": "reduce_min",
+           "and": "reduce_and", "or": "reduce_or", "xor": "reduce_xor"}
 
 
 @dataclass(frozen=True)
@@ -61,15 +62,16 @@ def slice_(site: WindowSite, t: int, shape: tuple[int, ...], start: tuple[int, .
 
 
 def padded(site: WindowSite, x: int, shape: tuple[int, ...], pads: tuple[tuple[int, int, int], ...],
-           extra: tuple[int, ...], value: float) -> tuple[int, tuple[int, ...]]:
+           extra: tuple[int, ...], value: int) -> tuple[int, tuple[int, ...]]:
     """x with (lo, hi, interior) padding per dim and `extra` elements more at the
-    high end, all of `value`. Negative padding crops the padded (and dilated)
-    operand: a slice after the positive part, and the extra elements after that."""
+    high end, all of the scalar tensor `value`. Negative padding crops the padded
+    (and dilated) operand: a slice after the positive part, and the extra elements
+    after that."""
     def pad(t: int, sh: tuple[int, ...], cfg: list[tuple[int, int, int]]) -> tuple[int, tuple[int, ...]]:
         if all(c == (0, 0, 0) for c in cfg):
             return t, sh
         out = tuple(lo + (n - 1) * (it + 1) + 1 + hi for n, (lo, hi, it) in zip(sh, cfg))
-        return site.emit("pad", [t, site.scalar(value)], out, {"padding_config": tuple(cfg)}), out
+        return site.emit("pad", [t, value], out, {"padding_config": tuple(cfg)}), out
 
     cropped = any(lo < 0 or hi < 0 for lo, hi, _ in pads)
     t, sh = pad(x, shape, [(max(lo, 0), max(hi, 0) + (0 if cropped else e), it)
@@ -146,14 +148,15 @@ class ReduceWindow:
 
 
 def lower_reduce_window(site: WindowSite, x: int, shape: tuple[int, ...],
-                        out_shape: tuple[int, ...], rw: ReduceWindow,
+                        out_shape: tuple[int, ...], rw: ReduceWindow, init: int,
                         where: tuple[str, int | None]) -> int:
-    """The reduce-window's result (padding with the reducer's identity), of
-    `out_shape`, as IR ops emitted through `site`."""
+    """The reduce-window's result, of `out_shape`, as IR ops emitted through `site`;
+    `init` is a scalar tensor holding the reducer's identity (the caller checks it),
+    the padding value."""
     k = len(shape)
-    if rw.reducer not in _IDENTITY:
-        raise UnknownOpError(f"reduce-window with reducer {rw.reducer}: supported add, max, min",
-                             *where)
+    if rw.reducer not in _REDUCE:
+        raise UnknownOpError(f"reduce-window with reducer {rw.reducer}: supported "
+                             f"{', '.join(sorted(_REDUCE))}", *where)
     per_dim = (rw.window, rw.strides, rw.padding, rw.base_dilation, rw.window_dilation)
     if any(len(v) != k for v in per_dim) or \
             any(v < 1 for v in rw.window + rw.strides + rw.base_dilation + rw.window_dilation):
@@ -166,12 +169,12 @@ def lower_reduce_window(site: WindowSite, x: int, shape: tuple[int, ...],
                          f"{shape} and {rw}", *where)
     if 0 in sizes or 0 in shape:
         raise UnknownOpError(f"reduce-window with an empty dim: operand {shape}", *where)
-    value = _IDENTITY[rw.reducer]
-    tiled = rw.strides == rw.window and all(p == (0, 0, 0) for p in pads) and \
-        all(v == 1 for v in rw.window_dilation)
-    if tiled:   # cut to whole windows, split into (windows, window), reduce the window dims
+    tiled = rw.strides == rw.window and all(lo >= 0 and hi >= 0 and it == 0 for lo, hi, it in pads) \
+        and all(v == 1 for v in rw.window_dilation)
+    if tiled:   # padded, cut to whole windows, split into (windows, window), reduced
+        t, ps = padded(site, x, shape, pads, (0,) * k, init)
         used = tuple(o * w for o, w in zip(sizes, rw.window))
-        t = slice_(site, x, shape, (0,) * k, used)
+        t = slice_(site, t, ps, (0,) * k, used)
         split, axes = [], []
         for o, w in zip(sizes, rw.window):
             split.append(o)
@@ -183,7 +186,7 @@ def lower_reduce_window(site: WindowSite, x: int, shape: tuple[int, ...],
             return t
         return site.emit(_REDUCE[rw.reducer], [t], tuple(sizes), {"axes": tuple(axes)})
     extra = extra_high(shape, rw.window, sizes, rw.strides, pads, rw.window_dilation)
-    xp, ps = padded(site, x, shape, pads, extra, value)
+    xp, ps = padded(site, x, shape, pads, extra, init)
     rows = [window_rows(site, xp, ps, tuple(t * wd for t, wd in zip(tap, rw.window_dilation)),
                         sizes, rw.strides)
             for tap in itertools.product(*(range(w) for w in rw.window))]

@@ -79,7 +79,7 @@ def _from_jaxpr(fn, args) -> Graph:
     closed = jax.make_jaxpr(fn)(*args)
     g = Graph("conv")
     b = GraphBuilder(g, IdAllocator())
-    g.inputs = [b.tensor(np.shape(a), "float32") for a in args]
+    g.inputs = [b.tensor(np.shape(a), str(np.asarray(a).dtype)) for a in args]
     g.outputs = walk(Ctx(b, None, False), closed, g.inputs)
     return g
 

@@ -58,5 +58,16 @@ def test_a_window_that_does_not_fit_is_an_error():
     site = WindowSite(lambda *a: 0, lambda v: 0)
     rw = ReduceWindow("max", (2, 2), (2, 2), ((0, 0), (0, 0)), (1, 1), (1, 1))
     with pytest.raises(InputError) as e:
-        lower_reduce_window(site, 0, (4, 4), (3, 2), rw, ("p.hlo", 7))
+        lower_reduce_window(site, 0, (4, 4), (3, 2), rw, 1, ("p.hlo", 7))
     assert "p.hlo:7" in str(e.value) and "does not fit" in str(e.value)
+
+
+def test_integer_max_pooling_pads_with_the_least_integer():
+    """The padding is the reducer's identity in the operand's dtype (iinfo.min for an
+    int32 max: -inf is no int32), from jaxprs and HLO alike."""
+    xi = np.random.default_rng(1).integers(-50, 50, size=(2, 7, 6)).astype(np.int32)
+
+    def pool(a):
+        return lax.reduce_window(a, np.iinfo(np.int32).min, lax.max, (1, 3, 3), (1, 2, 2), "SAME")
+    _assert_like_jax(_from_jaxpr(pool, (xi,)), pool, (xi,))
+    _assert_like_jax(_from_hlo(jax.jit(pool).lower(xi).as_text(dialect="hlo")), pool, (xi,))

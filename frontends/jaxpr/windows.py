@@ -53,6 +53,19 @@ def _conv(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
 _REDUCERS = {"reduce_window_sum": "add", "reduce_window_max": "max", "reduce_window_min": "min"}
 
 
+def _identity(reducer: str, dtype: str) -> float | int | bool:
+    """The value `reducer` ignores in `dtype` (lax.reduce_window_{sum,max,min}'s
+    init): 0, or the least (greatest) value, -inf (+inf) for floats."""
+    dt = np.dtype(dtype)
+    if reducer == "add":
+        return 0
+    if dt == np.bool_:
+        return reducer == "min"
+    if dt.kind in "iu":
+        return int(np.iinfo(dt).min if reducer == "max" else np.iinfo(dt).max)
+    return float("-inf") if reducer == "max" else float("inf")
+
+
 @exporter(*_REDUCERS)
 def _reduce_window(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
     p = eqn.params
@@ -64,5 +77,7 @@ def _reduce_window(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
                       tuple((int(lo), int(hi)) for lo, hi in p["padding"]),
                       _ints(p.get("base_dilation") or (1,) * k),
                       _ints(p.get("window_dilation") or (1,) * k))
-    return [lower_reduce_window(_site(ctx, eqn), ins[0], tuple(x.aval.shape), shape, rw,
+    site = _site(ctx, eqn)
+    init = site.scalar(_identity(rw.reducer, _out(eqn)[1]))
+    return [lower_reduce_window(site, ins[0], tuple(x.aval.shape), shape, rw, init,
                                 _where(eqn))]

@@ -88,7 +88,9 @@ def _reduce(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputatio
     return L.emit(_REDUCE_KINDS[op], [x], sh.dims, sh.dtype, {"axes": tuple(axes)}, loc, ins.name)
 
 
-_WINDOW_REDUCERS = {"add": "add", "maximum": "max", "minimum": "min"}
+# reducer opcode -> the elementwise kind that combines a window's elements
+_WINDOW_REDUCERS = {"add": "add", "maximum": "max", "minimum": "min", "multiply": "mul",
+                    "and": "and", "or": "or", "xor": "xor"}
 _SCAN_KINDS = {"add": "cumsum", "multiply": "cumprod", "maximum": "cummax", "minimum": "cummin"}
 
 
@@ -102,75 +104,28 @@ def _identity_init(L: Lowerer, ins: HloInstruction, init: int, op: str) -> None:
                              f"of {op}")
 
 
-def _tiled(win: dict[str, list]) -> bool:
-    """Windows that tile the padded operand: stride = size on every dim, padding
-    not negative, no dilation or reversal (XLA's tree reduction rewriter)."""
-    return all(st == sz for st, sz in zip(win["stride"], win["size"])) and \
-        all(lo >= 0 and hi >= 0 for lo, hi in win["pad"]) and \
-        all(v == 1 for k in ("lhs_dilate", "rhs_dilate") for v in win[k]) and \
-        not any(win["rhs_reversal"])
-
-
-def _tiled_reduce(L: Lowerer, ins: HloInstruction, x: int, init: int, win: dict[str, list],
-                  loc: SourceLoc) -> int:
-    """Non-overlapping windows w_d: out[i] = reduce(xp[i*w : (i+1)*w]) with xp the
-    operand padded by the init (the identity) and cut to out_d * w_d. That is
-    pad, slice, reshape of every dim with w_d > 1 into (out_d, w_d), and the
-    reduction of the w_d dims: exactly the same values, in existing IR ops."""
-    op = L.reducer(ins, {k: k for k in _REDUCE_KINDS})
-    _identity_init(L, ins, init, op)
-    out = L.array_shape(ins)
-    shape, dt = L.shape_of(x), L.dtype_of(x)
-    padded = tuple(n + lo + hi for n, (lo, hi) in zip(shape, win["pad"]))
-    if len(out.dims) != len(shape) or any(
-            o != (p - w) // w + 1 for o, p, w in zip(out.dims, padded, win["size"])):
-        raise L.err(ins, f"reduce-window result {out.dims} does not fit window="
-                         f"{ins.attrs.get('window')} over {shape}")
-    t = x
-    if padded != shape:
-        t = L.emit("pad", [t, init], padded, dt,
-                   {"padding_config": tuple((lo, hi, 0) for lo, hi in win["pad"])}, loc, ins.name)
-    used = tuple(o * w for o, w in zip(out.dims, win["size"]))
-    if used != padded:   # the trailing elements no whole window covers
-        t = L.emit("slice", [t], used, dt, {"start_indices": (0,) * len(used),
-                                            "limit_indices": used, "strides": None},
-                   loc, ins.name)
-    # a dim of window 1 stays as it is; another splits into (windows, window size)
-    split: list[int] = []
-    axes: list[int] = []
-    for o, w in zip(out.dims, win["size"]):
-        split.append(o)
-        if w != 1:
-            axes.append(len(split))
-            split.append(w)
-    if tuple(split) != used:
-        t = L.emit("reshape", [t], tuple(split), dt, {}, loc, ins.name)
-    return L.emit(_REDUCE_KINDS[op], [t], out.dims, out.dtype, {"axes": tuple(axes)}, loc,
-                  ins.name)
-
-
 def _windows(L: Lowerer, ins: HloInstruction, x: int, init: int, win: dict[str, list],
              loc: SourceLoc) -> int:
-    """Any other window (pooling: overlapping windows, padding, dilations): the
-    reduction over window offsets of strided slices of the operand padded with the
-    init, the reducer's identity (dlverify/window_lowering.py)."""
+    """Any window but a prefix scan (pooling: windows that tile the operand, as XLA's
+    tree-reduction rewriter writes them, or overlapping, padded, dilated ones): the
+    operand padded with the init, the reducer's identity, and reduced per window
+    (dlverify/window_lowering.py)."""
     if any(win["rhs_reversal"]):
         raise L.unknown(ins, "reduce-window with a reversed window is not supported")
-    op = L.reducer(ins, {k: k for k in _REDUCE_KINDS})
+    op = L.reducer(ins, {k: k for k in _WINDOW_REDUCERS})
     _identity_init(L, ins, init, op)
     out = L.array_shape(ins)
-    dtype = out.dtype
 
     def emit(kind: str, inputs: list[int], shape: tuple[int, ...], params: dict) -> int:
-        return L.emit(kind, inputs, shape, dtype, params, loc, ins.name)
+        return L.emit(kind, inputs, shape, out.dtype, params, loc, ins.name)
 
     def scalar(value: float) -> int:
-        return L.scalar(value, dtype, loc, ins.name)
+        return L.scalar(value, out.dtype, loc, ins.name)
 
     rw = ReduceWindow(_WINDOW_REDUCERS[op], tuple(win["size"]), tuple(win["stride"]),
                       tuple(tuple(p) for p in win["pad"]), tuple(win["lhs_dilate"]),
                       tuple(win["rhs_dilate"]))
-    return lower_reduce_window(WindowSite(emit, scalar), x, L.shape_of(x), out.dims, rw,
+    return lower_reduce_window(WindowSite(emit, scalar), x, L.shape_of(x), out.dims, rw, init,
                                (L.file, ins.line))
 
 
@@ -179,9 +134,9 @@ def _reduce_window(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloCom
                    loc: SourceLoc) -> Val:
     """A prefix scan along one dim d of size n (jnp.cumsum, lax.cummax, ...):
     window n along d and 1 elsewhere, stride 1, padding (n-1, 0) along d (a
-    reverse scan: (0, n-1)), no dilation, the reducer's identity as init; or
-    windows that tile the operand (stride = size: XLA's CPU tree reduction
-    rewriter splits a long reduce into a reduce-window of 32 and a reduce)."""
+    reverse scan: (0, n-1)), no dilation, the reducer's identity as init; or any
+    other window (_windows; XLA's CPU tree reduction rewriter splits a long reduce
+    into a reduce-window of 32 that tiles the operand and a reduce)."""
     if ins.shape.is_tuple or len(ops) != 2:
         raise L.unknown(ins, "variadic (tuple) reduce-window is not supported")
     x, init = L.tid(ins, ops[0]), L.tid(ins, ops[1])
@@ -194,8 +149,6 @@ def _reduce_window(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloCom
         not any(win["rhs_reversal"])
     scan = d >= 0 and plain and win["size"][d] == n and n > 1 and \
         win["pad"][d] in ((n - 1, 0), (0, n - 1)) and L.array_shape(ins).dims == shape
-    if not scan and _tiled(win):
-        return _tiled_reduce(L, ins, x, init, win, loc)
     if not scan:
         return _windows(L, ins, x, init, win, loc)
     op = L.reducer(ins, {k: k for k in _SCAN_KINDS})
