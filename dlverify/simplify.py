@@ -85,7 +85,7 @@ from dlverify.simplify_accumulate import accumulate_forms
 from dlverify.simplify_compiled import compiled_forms
 from dlverify.simplify_int import reshaped_all_reduce
 from dlverify.simplify_forms import _merge_groups
-from dlverify.simplify_merged import merged_forms
+from dlverify.simplify_merged import merged_forms, refinement
 from dlverify.simplify_moves import _MoveRules
 from dlverify.simplify_layouts import _LayoutRules
 from dlverify.simplify_reciprocals import scaled_reciprocal
@@ -378,11 +378,16 @@ class _Simplifier(_MoveRules, _SinkRules, _LayoutRules):
             # to = batch + first + second; first: free dims (lhs) or contracted (rhs)
             n_first = rank - nb - nc if side == 0 else nc
             first, second = to[nb:nb + n_first], to[nb + n_first:]
-            split = next((k for k in range(nb, len(src) + 1)
-                          if math.prod(src[nb:k]) == math.prod(first)
-                          and math.prod(src[k:]) == math.prod(second)), None)
-            if split is None:
+            # (splits differ in the size-1 dims at the boundary. On the lhs the first
+            # one moves them into the contracted dims: when another keeps the free dims,
+            # the dot is left as it is, as simplify_merged.unit_dims_out_of_contraction
+            # moved them out of the contracted run, taking them back would undo it)
+            splits = [k for k in range(nb, len(src) + 1)
+                      if math.prod(src[nb:k]) == math.prod(first)
+                      and math.prod(src[k:]) == math.prod(second)]
+            if not splits or side == 0 and any(src[nb:k] == first for k in splits):
                 continue
+            split = splits[0]
             src_free = src[nb:split] if side == 0 else src[split:]
             if src_free == (first if side == 0 else second):
                 continue                            # the free dims are kept already
@@ -411,7 +416,9 @@ class _Simplifier(_MoveRules, _SinkRules, _LayoutRules):
     def _unflattened(self, t: int) -> tuple[int, list[list[int]], tuple[int, ...]] | None:
         """t as a (transposed) reshape that only merges runs of dims: the reshape's
         operand, for each dim of t the dims of that operand it merges, and the
-        operand's shape; None when t is no such reshape."""
+        operand's shape; None when t is no such reshape. A reshape that regroups
+        (XLA's [b*s, j*d] -> [b, s*j, d]) merges its operand's dims split finest
+        (simplify_merged.refinement: [b, s, j, d]); that shape is returned."""
         perm = None
         r = self.producer.get(t)
         if r is not None and r.kind == "transpose":
@@ -422,6 +429,9 @@ class _Simplifier(_MoveRules, _SinkRules, _LayoutRules):
         # (size-1 dims join a run like any other: a batch of one on a rank merges
         # as the whole batch does on the sequential side)
         runs = _merge_groups(src, mid) or _merge_groups_moving_units(src, mid)
+        if runs is None:   # a regrouping: the merge of its operand's dims split finest
+            src = refinement(src, mid)
+            runs = None if src is None else _merge_groups(src, mid)
         if runs is None:
             return None
         order = perm if perm is not None else tuple(range(len(mid)))
@@ -477,7 +487,7 @@ class _Simplifier(_MoveRules, _SinkRules, _LayoutRules):
                 at[j] = list(range(len(dims), len(dims) + len(sizes)))
                 dims.extend(sizes)
             dtype = self.g.tensors[x].dtype
-            if tuple(dims) != shape:
+            if tuple(dims) != self.shape(x):   # (`shape` may be x's refinement)
                 x = self.new_op("reshape", [x], tuple(dims), dtype, {}, op)
             order = [d for j in range(len(runs)) for d in at[j]]
             pos, k = [], 0

@@ -47,6 +47,42 @@ if TYPE_CHECKING:
     from dlverify.simplify import _Simplifier
 
 
+def refinement(src: tuple[int, ...], to: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The coarsest shape that both `src` and `to` are merges of (runs of adjacent dims):
+    a reshape src -> to that regroups (XLA's [b*s, j*d] -> [b, s*j, d]) is the reshape
+    to it, splitting each dim at the other side's boundaries (prefix products), then
+    the merge to `to`, row-major order kept (a chain of row-major reshapes is one).
+    Size-1 dims stand alone. None when a boundary falls inside a dim it does not divide
+    (no such common shape: [6] -> [4, ...])."""
+    out: list[int] = []
+    i = j = 0
+    a, b = (src[0] if src else 1), (to[0] if to else 1)
+    while i < len(src) and j < len(to):
+        if a == 1 or b == 1:        # a size-1 dim stands alone
+            out.append(1)
+            if a == 1:
+                i += 1
+                a = src[i] if i < len(src) else 1
+            else:
+                j += 1
+                b = to[j] if j < len(to) else 1
+            continue
+        n = min(a, b)
+        if max(a, b) % n:
+            return None
+        out.append(n)
+        a, b = a // n, b // n
+        if a == 1:
+            i += 1
+            a = src[i] if i < len(src) else 1
+        if b == 1:
+            j += 1
+            b = to[j] if j < len(to) else 1
+    if i < len(src) or j < len(to) or math.prod(out) != math.prod(src):
+        return None
+    return tuple(out)
+
+
 def merged_forms(s: "_Simplifier", op: Op) -> bool:
     """Whether one of this module's rules replaced `op` (in `s`'s pass)."""
     return dynamic_slice_of_reshape(s, op) or unit_dims_out_of_contraction(s, op)
@@ -178,4 +214,4 @@ def unit_dims_out_of_contraction(s: "_Simplifier", op: Op) -> bool:
     return False
 
 
-__all__ = ["merged_forms"]
+__all__ = ["merged_forms", "refinement"]
