@@ -26,8 +26,9 @@ pieces of a value that one side builds whole:
   (distributed side), the sum of the pieces' collectives. A fused QKV projection's
   input gradient contracts the concatenation of dq, dk and dv; with fewer KV heads
   than ranks each rank's dk and dv are partial sums of two different reductions, which
-  then complete on their own. (Programs as written only: compiled modules keep the
-  fused contraction for their normal form, dlverify/simplify.py.)
+  then complete on their own. (Programs as written; compiled modules keep the fused
+  contraction for their normal form, dlverify/simplify.py, and split it after it only
+  where the two programs disagree: split_contracted_concatenations.)
 
 * all-reduce of concatenate (or of its transpose): the concatenate of the pieces'
   all-reduces (the reduction is position by position), for the same reason.
@@ -68,7 +69,7 @@ from dlverify.problem import Problem
 class _Rewriter:
     # whether dots over a contracted concatenation are split (dot_contracted): programs
     # as written; compiled modules keep them whole, their normal form (simplify.py)
-    # pairs the fused contractions XLA writes
+    # pairs the fused contractions XLA writes (then _ContractedSplit)
     split_contracted = False
 
     def __init__(self, graph: Graph, ids: IdAllocator) -> None:
@@ -398,6 +399,118 @@ def rewrite_graph(graph: Graph, ids: IdAllocator, split_contracted: bool = True)
         changed = True
 
 
+class _ContractedSplit(_Rewriter):
+    """dot_contracted, and the slices it makes of a concatenate (the other operand's,
+    when that is a concatenate too), for compiled modules after their normal form; in
+    the pieces' dots a contracted pair of size-1 dims is dropped (a sum over one index:
+    a piece of size 1 along the concatenated dim contracts nothing along it)."""
+    split_contracted = True
+
+    def __init__(self, graph: Graph, ids: IdAllocator, pieces: set[int],
+                 fused: set[tuple]) -> None:
+        super().__init__(graph, ids)
+        self.pieces = pieces        # outputs of the dots and slices the split made (every run's)
+        self.fused = fused          # the other program's _fused_dots: those stay fused
+
+    def new_op(self, kind: str, inputs: list[int], shape: tuple[int, ...], dtype: str,
+               params: dict, like: Op, output: int | None = None) -> int:
+        out = super().new_op(kind, inputs, shape, dtype, params, like, output)
+        if kind in ("dot_general", "slice") and like.kind == "dot_general":
+            self.pieces.add(out)
+        return out
+
+    def apply(self, op: Op) -> bool:
+        if op.kind == "dot_general" and len(op.inputs) == 2:
+            pieces = _fused_pieces(self.g, self.producer, op)
+            return pieces is not None and not self.fused & set(pieces) and self.dot_contracted(op) \
+                or op.output in self.pieces and self.unit_pair(op)
+        return op.kind == "slice" and op.output in self.pieces and self.slice(op)
+
+    def unit_pair(self, op: Op) -> bool:
+        """dot(x, y) contracting size-1 dims i of x and j of y: the dot of x and y with
+        those dims deleted (reshapes), the other dims renumbered."""
+        p = op.params
+        shapes = [self.shape(t) for t in op.inputs]
+        pairs = [(i, j) for i, j in zip(p["lhs_contract"], p["rhs_contract"])
+                 if shapes[0][i] == 1 and shapes[1][j] == 1]
+        if not pairs:
+            return False
+        drop = ({i for i, _ in pairs}, {j for _, j in pairs})
+        ins = []
+        for t, sh, gone in zip(op.inputs, shapes, drop):
+            kept = tuple(n for d, n in enumerate(sh) if d not in gone)
+            ins.append(self.new_op("reshape", [t], kept, self.g.tensors[t].dtype, {}, op))
+        def renum(dims, gone):
+            return tuple(d - sum(g < d for g in gone) for d in dims if d not in gone)
+        q = dict(p)
+        for key, gone in (("lhs", drop[0]), ("rhs", drop[1])):
+            q[f"{key}_contract"] = renum(p[f"{key}_contract"], gone)
+            q[f"{key}_batch"] = renum(p[f"{key}_batch"], gone)
+        self.new_op("dot_general", ins, self.shape(op.output), self.g.tensors[op.output].dtype, q,
+                    op, output=op.output)
+        return True
+
+
+def _fused_pieces(g: Graph, producer: dict[int, Op], op: Op) -> tuple | None:
+    """When dot `op` contracts a concatenation of different values (no operand's pieces
+    all slices of one tensor, _sliced_from: micro-batches of one batch, which
+    simplify_accumulate.py merges as the program's one contraction), the pieces' sizes
+    along the concatenated
+    dims (lhs, rhs; None for an operand that is no such concatenation); else None."""
+    sizes: list[tuple[int, ...] | None] = [None, None]
+    for side, (t, key) in enumerate(zip(op.inputs, ("lhs", "rhs"))):
+        cat = producer.get(t)
+        if cat is None or cat.kind != "concatenate":
+            continue
+        if _sliced_from(producer, t) is not None:
+            return None
+        k = cat.params["dimension"]
+        if k in op.params[f"{key}_contract"]:
+            sizes[side] = tuple(g.tensors[i].shape[k] for i in cat.inputs)
+    return None if sizes == [None, None] else tuple(sizes)
+
+
+def _sliced_from(producer: dict[int, Op], t: int) -> int | None:
+    """The tensor t is a slice of, or a concatenation of slices of (perhaps nested: an
+    accumulation of three micro-batches and more); None when there is no one such."""
+    op = producer.get(t)
+    if op is not None and op.kind in ("slice", "dynamic_slice"):
+        return op.inputs[0]
+    if op is None or op.kind != "concatenate":
+        return None
+    srcs = {_sliced_from(producer, i) for i in op.inputs}
+    return srcs.pop() if len(srcs) == 1 else None
+
+
+def _fused_dots(g: Graph) -> set[tuple]:
+    """The pieces' sizes of the concatenations g's dots contract (_fused_pieces), of
+    either operand: one a ring passes on to a dot through a collective is that dot's
+    operand no more (the rotated halves of a rotary q k^T)."""
+    producer = g.producer()
+    found = (_fused_pieces(g, producer, op) for op in g.ops
+             if op.kind == "dot_general" and len(op.inputs) == 2)
+    return {sizes for f in found if f is not None for sizes in f if sizes is not None}
+
+
+def split_contracted_concatenations(seq: Graph, dist: Graph, ids: IdAllocator) -> list[Graph]:
+    """Compiled modules' dots over a contracted concatenation of different values as
+    the sums of the pieces' dots (_Rewriter.dot_contracted; under a psum, the pieces'
+    psums), in both programs, where their normal forms disagree: a program's dot no
+    concatenation of whose (_fused_pieces) the other program's dots contract in pieces
+    of the same sizes, where the other adds dots (simplify_accumulate.py merges dK wk_r^T + dV wv_r^T of a rank's
+    one KV head, whose size-1 head dims read as micro-batches; the program's two KV
+    heads have none). Where both fuse alike they stay fused. Returns the graphs changed."""
+    fused = [_fused_dots(g) for g in (seq, dist)]
+    changed = []
+    for g, other in ((seq, fused[1]), (dist, fused[0])):
+        pieces: set[int] = set()
+        if _ContractedSplit(g, ids, pieces, other).run():
+            changed.append(g)
+            while _ContractedSplit(g, ids, pieces, other).run():
+                pass
+    return changed
+
+
 def rewrite(problem: Problem) -> None:
     """Rewrite both graphs of `problem` in place."""
     from dlverify.const_layout import fold_constant_layouts
@@ -450,6 +563,11 @@ def rewrite(problem: Problem) -> None:
         simplify_graph(problem.dist, problem.ids, problem.assumptions, problem.notes,
                        partner=problem.seq)
         # (size-1 dims the distributed module deleted, moved as the program moves them)
+        # (a contraction of a concatenation on one side only: split, the pieces' dots
+        # brought to the normal form, sums of dots left apart)
+        for g in split_contracted_concatenations(problem.seq, problem.dist, problem.ids):
+            simplify_graph(g, problem.ids, problem.assumptions, problem.notes,
+                           partner=problem.seq if g is problem.dist else None, merge_sums=False)
         if unit_layouts_as_sequential(problem.seq, problem.dist, problem.ids):
             _drop_newly_dead(problem.dist, unused[1])
         # (again: a compiled psum(a + b) may read the add through a reshape the normal

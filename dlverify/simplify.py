@@ -126,6 +126,7 @@ class _Simplifier(_MoveRules, _SinkRules, _LayoutRules):
     dlverify/simplify_forms.py, simplify_sink.py and simplify_moves.py too."""
 
     partner_dots = None     # the sequential program's dot_roles (dlverify/unit_layouts.py)
+    merge_sums = True       # sums of dots merged into one (simplify_accumulate.py)
 
     # -- the rewrites: each returns True when it replaced `op` --------------
     def neutral(self, op: Op) -> bool:
@@ -565,7 +566,7 @@ class _Simplifier(_MoveRules, _SinkRules, _LayoutRules):
                     or self.free_merge_under_transpose(op)
                     or self.sink_dot_reshape(op) or self.split_contraction(op)
                     or self.negated_sum(op) or self.masked_neg(op) or compiled_forms(self, op)
-                    or accumulate_forms(self, op)
+                    or (self.merge_sums or op.kind != "add") and accumulate_forms(self, op)
                     or merged_forms(self, op)
                     or self.reduce_of_reshape(op) or self.moves(op)
                     or self.common_value(op)):
@@ -580,14 +581,17 @@ class _Simplifier(_MoveRules, _SinkRules, _LayoutRules):
 
 
 def simplify_graph(graph: Graph, ids: IdAllocator, assumptions: list[str] | None = None,
-                   notes: list[str] | None = None, partner: Graph | None = None) -> bool:
+                   notes: list[str] | None = None, partner: Graph | None = None,
+                   merge_sums: bool = True) -> bool:
     """Bring `graph` to the normal form (see the module docstring); returns
     whether anything changed. `assumptions`: where a rule that rounds a literal
     (simplify_forms.literal_product) lists it; `notes`: where a normal form still
     changing after the last pass is reported (a rewrite cycle would otherwise
     pass unseen, its failures blamed on the program); `partner`: the sequential
     program in its normal form, when `graph` is the distributed one (whose dots take
-    size-1 batch dims as the partner's do: dlverify/unit_layouts.py)."""
+    size-1 batch dims as the partner's do: dlverify/unit_layouts.py); `merge_sums`:
+    whether sums of dots become one dot (simplify_accumulate.py; not once a sum's
+    contracted concatenation was split, rewrites.split_contracted_concatenations)."""
     partner_dots = dot_roles(partner) if partner is not None else None
     unused = _unused(graph)
     changed = False
@@ -600,6 +604,7 @@ def simplify_graph(graph: Graph, ids: IdAllocator, assumptions: list[str] | None
             simplifier = _Simplifier(graph, ids, assumptions)
             simplifier.late = late
             simplifier.partner_dots = partner_dots
+            simplifier.merge_sums = merge_sums
             if not simplifier.run():
                 break
             alias.update(simplifier.alias)

@@ -8,7 +8,12 @@
   (an output projection of one KV head, [b, s, 1, j, d] -> [b, s, 1*j*d]) reaches a
   fixpoint: simplify_merged.unit_dims_out_of_contraction moves the size-1 dims out of the
   contraction and simplify.sink_dot_reshape no longer takes them back in (the two used
-  to alternate until the pass limit).
+  to alternate until the pass limit);
+* a dot over a contracted concatenation that one program has and the other not (XLA's
+  fused concat(a, c) . concat(b, d) for a.b + c.d; simplify_accumulate.py's merge of a
+  rank's dK wk_r^T + dV wv_r^T, whose size-1 KV-head dims read as micro-batches) is the
+  sum of the pieces' dots in both (rewrites.split_contracted_concatenations), a
+  contracted pair of size-1 dims of a piece dropped.
 
 Each rewrite is checked with the shared evaluator; a hand-written HLO pair contracting
 a regrouped operand verifies, its twin merging the contracted dims in the other order
@@ -17,22 +22,15 @@ from __future__ import annotations
 
 import copy
 
-import numpy as np
 import pytest
 from hlo_pairs import verify_texts
 from test_simplify import _dot, _graph
+from test_unit_layouts import _same_values
 
-from dlverify.interpret import Interpreter
 from dlverify.ir import Graph
+from dlverify.rewrites import split_contracted_concatenations
 from dlverify.simplify import simplify_graph
 from dlverify.simplify_merged import refinement
-
-
-def _same_values(before: Graph, after: Graph, in_shapes) -> None:
-    ins = [[np.random.default_rng(i).standard_normal(s).astype(np.float32)]
-           for i, s in enumerate(in_shapes)]
-    outs = [Interpreter(h, 1).run(ins)[h.outputs[0]][0] for h in (before, after)]
-    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-6)
 
 
 def _dots(g: Graph):
@@ -117,7 +115,75 @@ def test_size_1_dims_at_the_free_contracted_boundary_reach_a_fixpoint():
     assert not simplify_graph(g, ids)
 
 
-# ------------------------------------------------------------------ HLO pair
+# ------------------------------------------------------------------ contracted concatenations
+
+def _fused(b, a, c, w, v):
+    """concat(a, c; 1) . concat(w, v; 0): a.w + c.v as XLA fuses it."""
+    n = b.graph.tensors[a].shape[1] + b.graph.tensors[c].shape[1]
+    ac = b.op("concatenate", [a, c], (4, n), "float32", {"dimension": 1})
+    wv = b.op("concatenate", [w, v], (n, 5), "float32", {"dimension": 0})
+    return _dot(b, ac, wv, (4, 5), (1,), (0,))
+
+
+def _summed(b, a, c, w, v):
+    return b.op("add", [_dot(b, a, w, (4, 5), (1,), (0,)), _dot(b, c, v, (4, 5), (1,), (0,))],
+                (4, 5), "float32")
+
+
+def _unit_pieces(b, a, c, w, v):
+    """Pieces of size 1 along the concatenated dim (a rank's one KV head of K and V)."""
+    ac = b.op("concatenate", [a, c], (4, 2, 3), "float32", {"dimension": 1})
+    wv = b.op("concatenate", [w, v], (2, 3, 5), "float32", {"dimension": 0})
+    return _dot(b, ac, wv, (4, 5), (1, 2), (0, 1))
+
+
+@pytest.mark.parametrize("build, shapes, rank", [
+    (_fused, [(4, 3), (4, 2), (3, 5), (2, 5)], 2),
+    (_unit_pieces, [(4, 1, 3), (4, 1, 3), (1, 3, 5), (1, 3, 5)], 2),
+])
+def test_a_contracted_concatenation_one_side_has_is_split_in_both(build, shapes, rank):
+    seq, _ = _graph(_summed, [(4, 3), (4, 3), (3, 5), (3, 5)])
+    g, ids = _graph(build, shapes)
+    before = copy.deepcopy(g)
+    assert split_contracted_concatenations(seq, g, ids) == [g]     # (seq has none to split)
+    _same_values(before, g, shapes)
+    assert not any(op.kind == "concatenate" for op in g.ops)
+    for dot in _dots(g):                                            # no size-1 pair contracted
+        lhs, rhs = (g.tensors[t].shape for t in dot.inputs)
+        assert len(lhs) == len(rhs) == rank
+        assert all(lhs[i] != 1 or rhs[j] != 1
+                   for i, j in zip(dot.params["lhs_contract"], dot.params["rhs_contract"]))
+
+
+def test_contracted_concatenations_both_sides_have_stay_fused():
+    shapes = [(4, 3), (4, 2), (3, 5), (2, 5)]
+    seq, _ = _graph(_fused, shapes)
+    g, ids = _graph(_fused, shapes)
+    assert split_contracted_concatenations(seq, g, ids) == []
+    assert any(op.kind == "concatenate" for op in g.ops)
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_micro_batches_of_one_tensor_stay_fused(nested):
+    # the lhs pieces are slices of one batch (simplify_accumulate.py's merge of
+    # micro-batch dots, the program's one contraction; nested: three micro-batches, the
+    # merge of the first two merged with the third): not a sum of different values
+    def micro(b, x, w, v):
+        cuts = [(0, 2), (2, 3), (3, 6)] if nested else [(0, 3), (3, 6)]
+        s = [b.op("slice", [x], (4, hi - lo), "float32",
+                  {"start_indices": (0, lo), "limit_indices": (4, hi), "strides": None})
+             for lo, hi in cuts]
+        if nested:
+            s = [b.op("concatenate", s[:2], (4, 3), "float32", {"dimension": 1}), s[2]]
+        xs = b.op("concatenate", s, (4, 6), "float32", {"dimension": 1})
+        wv = b.op("concatenate", [w, v], (6, 5), "float32", {"dimension": 0})
+        return _dot(b, xs, wv, (4, 5), (1,), (0,))
+    seq, _ = _graph(_summed, [(4, 3), (4, 3), (3, 5), (3, 5)])
+    g, ids = _graph(micro, [(4, 6), (3, 5), (3, 5)])
+    assert split_contracted_concatenations(seq, g, ids) == []
+
+
+# ------------------------------------------------------------------ HLO pairs
 
 SEQ = """HloModule seq
 
@@ -166,3 +232,51 @@ def test_its_twin_merging_heads_before_rows_is_not_verified(tmp_path):
         "  %am = f32[2,5,6]{2,1,0} reshape(f32[2,5,2,3]{3,2,1,0} %at)")
     assert twin != DIST
     assert not verify_texts(tmp_path, SEQ, twin).verified
+
+
+SEQ_SUM = """HloModule seq
+
+ENTRY %main (a: f32[4,6], b: f32[6,5], c: f32[4,6], d: f32[6,5]) -> f32[4,5] {
+  %a = f32[4,6]{1,0} parameter(0)
+  %b = f32[6,5]{1,0} parameter(1)
+  %c = f32[4,6]{1,0} parameter(2)
+  %d = f32[6,5]{1,0} parameter(3)
+  %ab = f32[4,5]{1,0} dot(f32[4,6]{1,0} %a, f32[6,5]{1,0} %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %cd = f32[4,5]{1,0} dot(f32[4,6]{1,0} %c, f32[6,5]{1,0} %d), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %o = f32[4,5]{1,0} add(f32[4,5]{1,0} %ab, f32[4,5]{1,0} %cd)
+}
+"""
+
+# the contraction split over 2 ranks; XLA fuses the rank's two dots into one over the
+# concatenated operands, then psums it
+DIST_FUSED = """HloModule dist, num_partitions=2
+
+%sum (p: f32[], q: f32[]) -> f32[] {
+  %p = f32[] parameter(0)
+  %q = f32[] parameter(1)
+  ROOT %s = f32[] add(f32[] %p, f32[] %q)
+}
+
+ENTRY %main (a: f32[4,3], b: f32[3,5], c: f32[4,3], d: f32[3,5]) -> f32[4,5] {
+  %a = f32[4,3]{1,0} parameter(0), sharding={devices=[1,2]0,1}
+  %b = f32[3,5]{1,0} parameter(1), sharding={devices=[2,1]0,1}
+  %c = f32[4,3]{1,0} parameter(2), sharding={devices=[1,2]0,1}
+  %d = f32[3,5]{1,0} parameter(3), sharding={devices=[2,1]0,1}
+  %ac = f32[4,6]{1,0} concatenate(f32[4,3]{1,0} %a, f32[4,3]{1,0} %c), dimensions={1}
+  %bd = f32[6,5]{1,0} concatenate(f32[3,5]{1,0} %b, f32[3,5]{1,0} %d), dimensions={0}
+  %part = f32[4,5]{1,0} dot(f32[4,6]{1,0} %ac, f32[6,5]{1,0} %bd), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %o = f32[4,5]{1,0} all-reduce(f32[4,5]{1,0} %part), replica_groups={{0,1}}, use_global_device_ids=true, channel_id=1, to_apply=%sum
+}
+"""
+
+
+def test_a_fused_contraction_of_two_dots_verifies(tmp_path):
+    from hlo_pairs import assert_pair_verifies
+    assert_pair_verifies(tmp_path, SEQ_SUM, DIST_FUSED, ["out0 = r0.out0  (replicated on all 2 ranks)"])
+
+
+def test_its_twin_pairing_a_with_d_is_not_verified(tmp_path):
+    twin = DIST_FUSED.replace("concatenate(f32[3,5]{1,0} %b, f32[3,5]{1,0} %d)",
+                              "concatenate(f32[3,5]{1,0} %d, f32[3,5]{1,0} %b)")
+    assert twin != DIST_FUSED
+    assert not verify_texts(tmp_path, SEQ_SUM, twin).verified
