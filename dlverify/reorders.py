@@ -12,9 +12,21 @@ depends on the rank (Megatron's get_batch_on_this_cp_rank: each rank takes its
 chunks of the replicated sequence) is evaluated on every rank; when rank r's rows
 are, for every r, the block at its coordinate along a mesh axis of one
 permutation, it is that gather followed by a dynamic_slice at coordinate * rows.
+
+An input the ranks hold in blocks along one mesh axis may be reordered across the
+ranks (XLA partitions a take along a sharded dim into slices, collective_permutes
+and all_to_alls of rows): the first tensor of that movement a computation reads is
+read as the block at the rank's coordinate of one permutation of the blocks'
+concatenation, by the same two probes given to every rank as the blocks it holds.
+Whatever a reading finds, the chain is used only when its canonical form (the
+gather of an all_gather, the rank's block cut by a dynamic_slice) computes, by the
+shared evaluator, what the ops compute on every rank on both probes: both are
+movement, each element a constant or one probe element at a place fixed before
+run time, so agreeing on two probes that differ everywhere they agree everywhere.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +40,9 @@ from dlverify.problem import Problem
 # the other operands, indices and masks, must not depend on any input)
 _MOVES = {"reshape", "gather", "select_n", "slice", "concatenate", "transpose", "rev",
           "broadcast_in_dim"}
+# data movement across ranks (a sharded input reordered): where each element lands
+# depends on the rank, never on an input's values (dynamic_slice's starts input-free)
+_CROSS = {"collective_permute", "all_to_all", "dynamic_slice"}
 # the largest tensor whose reorder is read (evaluated twice on a probe of its size);
 # a larger one is left as written, and the program unrewritten
 PROBE_LIMIT = 1 << 22
@@ -66,15 +81,18 @@ def input_free(g: Graph, rank: bool = False) -> set[int]:
     return free
 
 
-def _moved_from(g: Graph, roots: set[int], free: set[int], sums: bool = False) -> dict[int, int]:
+def _moved_from(g: Graph, roots: set[int], free: set[int], sums: bool = False,
+                cross: bool = False) -> dict[int, int]:
     """For each tensor that is data movement of one root alone, that root: the data
     operands moved from it (or input-free), every other operand input-free, so where
     each element lands depends on no input's values. One pass over the ops. With
     `sums`, an all_reduce sum counts too: it is movement where each element has one
-    nonzero term, which the caller checks (gathered_output_chain)."""
+    nonzero term, which the caller checks (gathered_output_chain). With `cross`,
+    movement across ranks counts too (_CROSS)."""
     root = {t: t for t in roots}
+    kinds = _MOVES | _CROSS if cross else _MOVES
     for op in g.ops:
-        if not op.inputs or op.kind not in _MOVES and not (
+        if not op.inputs or op.kind not in kinds and not (
                 sums and op.kind == "all_reduce" and op.params.get("reducer") == "sum"):
             continue
         data = range(1, len(op.inputs)) if op.kind == "select_n" else \
@@ -231,7 +249,112 @@ def input_chains(problem: Problem) -> dict[int, Chain]:
                 if chain:
                     out[s] = chain
                     break
+    out.update(_sharded_input_chains(problem))
     return out
+
+
+def _sharded_layout(problem: Problem, rel) -> tuple[int, str, int] | None:
+    """(dim, axis, rows) when input relation `rel` gives every rank the block of `rows`
+    rows of dim `dim` at its coordinate along mesh axis `axis`, the other dims whole."""
+    mesh = problem.mesh
+    cut = [j for j, (a, b) in enumerate(zip(rel.seq_shape, rel.dist_shape)) if a != b]
+    if len(rel.seq_shape) != len(rel.dist_shape) or len(cut) != 1:
+        return None
+    dim, rows = cut[0], rel.dist_shape[cut[0]]
+    for axis, n in zip(mesh.axis_names, mesh.axis_sizes):
+        if n * rows == rel.seq_shape[dim] and all(
+                tuple(off) == tuple(mesh.coords(r)[axis] * rows if j == dim else 0 for j in range(len(off)))
+                for r, off in enumerate(rel.offsets)):
+            return dim, axis, rows
+    return None
+
+
+def _sharded_input_chains(problem: Problem) -> dict[int, Chain]:
+    """Per sequential input held in blocks along one mesh axis: the permutation the
+    distributed program's movement across ranks puts it in. The tensor read is the
+    first of that movement (the input itself included) that an op other than movement
+    reads: a ring then passes on a block already reordered (a passed-on block is a
+    block of another permutation, a rotation, and must not be taken for the reorder)."""
+    g, mesh = problem.dist, problem.mesh
+    free, producer = input_free(g, rank=True), g.producer()
+    readers: dict[int, list[Op]] = {}
+    for op in g.ops:
+        for i in op.inputs:
+            readers.setdefault(i, []).append(op)
+    layouts = {d: _sharded_layout(problem, rel) for d, rel in zip(g.inputs, problem.inputs)
+               if int(np.prod(rel.seq_shape)) <= PROBE_LIMIT}
+    layouts = {d: lay for d, lay in layouts.items() if lay is not None}
+    root = _moved_from(g, set(layouts), free, cross=True)
+    movement: dict[int, dict[int, Op]] = {d: {} for d in layouts}
+    for op in g.ops:
+        if op.output in root and root[op.output] != op.output:
+            movement[root[op.output]][op.output] = op      # (in program order)
+    out: dict[int, Chain] = {}
+    for s, d, rel in zip(problem.seq.inputs, g.inputs, problem.inputs):
+        probes = _probes(rel.seq_shape, g.tensors[d].dtype)
+        if d not in layouts or probes is None:
+            continue
+        dim, axis, _ = layouts[d]
+        moved = movement[d]
+        read = next((t for t in [d, *moved] if any(op.output not in moved for op in readers.get(t, ()))),
+                    None)
+        if read is None or read == d or g.tensors[read].shape != g.tensors[d].shape:
+            continue
+        ops = _slice_ops(g, d, read, moved, producer)
+        blocks = [[p[tuple(slice(o, o + n) for o, n in zip(off, rel.dist_shape))] for off in rel.offsets]
+                  for p in probes]
+        chain = ops and _cross_rank_chain(problem, d, read, ops, blocks, [probes] * mesh.size, dim, axis)
+        if chain:
+            out[s] = chain
+    return out
+
+
+def _cross_rank_chain(problem: Problem, src: int, out: int, ops: list[Op], given: list[list[np.ndarray]],
+                      wholes: list[list[np.ndarray]], dim: int, axis: str) -> Chain | None:
+    """The chain (gathered over `axis`'s groups, and a block when `out` is) when `ops`
+    move the ranks' `src` blocks into `out` = the take of their concatenation along
+    `dim` (on each rank the block at its coordinate, when out has its blocks' shape)
+    by one permutation, no identity. `given[p][r]`: what rank r holds of probe p;
+    `wholes[r][p]`: probe p's concatenation as rank r's group holds it. Returned only
+    when its canonical form computes what `ops` compute on every rank on both
+    probes; an all_reduce among `ops` must have one nonzero term per element
+    (movement then: no probe element is 0)."""
+    g, mesh = problem.dist, problem.mesh
+    sub = Graph("probe", tensors=g.tensors, ops=ops, inputs=[src], outputs=[out])
+    coords = lambda r, a: mesh.coords(r)[a]   # noqa: E731
+    try:
+        runs = [Interpreter(sub, mesh.size, coords).run([blocks]) for blocks in given]
+    except (NotExecutable, KeyError):
+        return None
+    for op in ops:
+        if op.kind == "all_reduce" and any(
+                np.any(sum((runs[0][op.inputs[0]][m] != 0) | (runs[1][op.inputs[0]][m] != 0)
+                           for m in grp) > 1) for grp in op.params["groups"]):
+            return None
+    sels = [_selection(wholes[r], [run[out][r] for run in runs], dim) for r in range(mesh.size)]
+    if any(sel is None for sel in sels):
+        return None
+    n, rows = wholes[0][0].shape[dim], g.tensors[out].shape[dim]
+    if rows == n and len(set(sels)) == 1:
+        perm, block = sels[0], None
+    else:
+        by_coord: dict[int, set] = {}
+        for r, sel in enumerate(sels):
+            by_coord.setdefault(mesh.coords(r)[axis], set()).add(sel)
+        if any(len(v) != 1 for v in by_coord.values()) or len(by_coord) * rows != n:
+            return None
+        perm, block = tuple(i for c in sorted(by_coord) for i in next(iter(by_coord[c]))), (axis, rows)
+    if sorted(perm) != list(range(n)) or perm == tuple(range(n)):
+        return None
+    chain = Chain(src, out, dim, perm, ops, block, mesh.groups((axis,)))
+    check = Graph("canonical", tensors=dict(g.tensors), ops=list(ops), inputs=[src], outputs=[out])
+    canonical(check, chain, copy.copy(problem.ids))   # (ids past the problem's: none taken)
+    try:
+        again = [Interpreter(check, mesh.size, coords).run([blocks])[out] for blocks in given]
+    except (NotExecutable, KeyError):
+        return None
+    same = all(np.array_equal(a[r], run[out][r]) for a, run in zip(again, runs) for r in range(mesh.size))
+    return chain if same else None
 
 
 def _block_shaped(got: tuple[int, ...], shape: tuple[int, ...], sizes: tuple[int, ...]) -> bool:
@@ -273,78 +396,60 @@ def output_chain(g: Graph, out: int) -> Chain | None:
     return None
 
 
-def gathered_output_chain(problem: Problem, out: int) -> Chain | None:
+def gathered_output_chain(problem: Problem, out: int,
+                          want: tuple[int, tuple[int, ...]] | None = None) -> Chain | None:
     """The un-permute of output `out` as XLA partitions a take along a sharded dim:
-    each rank places its block (the rows at its coordinate along a mesh axis) where
-    the permutation sends them, zeros elsewhere, and an all_reduce sums the
-    placements. Evaluated on every rank at once, each rank given its block of two
-    probes. Movement yields constants or elements x[j], and no probe element is 0,
-    so when every element of an all_reduce's operand is nonzero on one member of its
-    group at most, the sum is movement too; `out` is then on every rank the take of
-    the blocks' concatenation that the probes show. The groups must be the axis's, so
-    ranks that share the coordinate (given one block) are never summed together."""
+    the ranks' blocks (the rows at their coordinate along a mesh axis) moved across
+    ranks into place, by collective_permutes and all_to_alls of rows, or each rank
+    placing its block where the permutation sends it, zeros elsewhere, and an
+    all_reduce summing the placements. `out` is then on every rank the take of the
+    blocks' concatenation, or its block at the rank's coordinate when out has the
+    blocks' shape (_cross_rank_chain). Evaluated on every rank at once, each rank
+    given its own block of two probes (ranks that share a coordinate too: a rank
+    reading a block its group does not hold is not read). With `want` (dim, perm),
+    only a chain of that permutation: a ring's last pass moves blocks across ranks
+    too, and a chain read from before it is another permutation (rotated)."""
     g, mesh = problem.dist, problem.mesh
     free, producer = input_free(g, rank=True), g.producer()
     region, stack = [], [out]
     while stack and len(region) < 256:
         t = stack.pop()
         op = producer.get(t)
-        if op is None or t in region or op.kind not in _MOVES and op.kind != "all_reduce":
+        if op is None or t in region or op.kind not in _MOVES | _CROSS and op.kind != "all_reduce":
             continue
         region.append(t)
         stack.extend(i for i in op.inputs if i not in free)
     shape, dtype = g.tensors[out].shape, g.tensors[out].dtype
-    probes = _probes(shape, dtype)
-    if probes is None or int(np.prod(shape)) > PROBE_LIMIT or \
-            not any(producer[t].kind == "all_reduce" for t in region):
+    if int(np.prod(shape)) * mesh.size > PROBE_LIMIT or \
+            not any(producer[t].kind in _CROSS | {"all_reduce"} for t in region):
         return None
     candidates = {i for t in region for i in producer[t].inputs if i not in free}
     for t in [op.output for op in g.ops if op.output in candidates]:
         got = g.tensors[t].shape
-        if not _block_shaped(got, shape, mesh.axis_sizes):
+        if got != shape and not _block_shaped(got, shape, mesh.axis_sizes):
             continue
-        root = _moved_from(g, {t}, free, sums=True)
+        root = _moved_from(g, {t}, free, sums=True, cross=True)
         moved = {op.output: op for op in g.ops if op.output != t and root.get(op.output) == t}
         ops = _slice_ops(g, t, out, moved, producer) if out in moved else []
-        dim = next(j for j, (a, b) in enumerate(zip(got, shape)) if a != b)
-        for axis, n in zip(mesh.axis_names, mesh.axis_sizes):
-            if ops and n * got[dim] == shape[dim]:
-                perm = _gathered_selection(problem, t, out, ops, probes, dim, axis)
-                if perm is not None:
-                    return Chain(t, out, dim, perm, ops, (axis, got[dim]), mesh.groups((axis,)))
+        cut = [j for j, (a, b) in enumerate(zip(got, shape)) if a != b]
+        for dim in cut or range(len(shape)):
+            for axis, n in zip(mesh.axis_names, mesh.axis_sizes):
+                if not ops or n * got[dim] != (shape[dim] if cut else n * shape[dim]):
+                    continue
+                whole = tuple(mesh.size * k if j == dim else k for j, k in enumerate(got))
+                probes = _probes(whole, dtype)
+                if probes is None:
+                    continue
+                rows = got[dim]
+                block = lambda p, m: np.take(p, range(m * rows, (m + 1) * rows), axis=dim)  # noqa: E731
+                given = [[block(p, m) for m in range(mesh.size)] for p in probes]
+                group = {m: grp for grp in mesh.groups((axis,)) for m in grp}
+                wholes = [[np.concatenate([block(p, m) for m in group[r]], axis=dim) for p in probes]
+                          for r in range(mesh.size)]
+                chain = _cross_rank_chain(problem, t, out, ops, given, wholes, dim, axis)
+                if chain is not None and (want is None or (chain.dim, chain.perm) == want):
+                    return chain
     return None
-
-
-def _gathered_selection(problem: Problem, t: int, out: int, ops: list[Op], probes: list[np.ndarray],
-                        dim: int, axis: str) -> tuple[int, ...] | None:
-    """perm when `out` is, on every rank, take(concatenated blocks, perm, axis=dim) for
-    rank-held blocks `t` (gathered_output_chain), no identity; else None."""
-    g, mesh = problem.dist, problem.mesh
-    rows = g.tensors[t].shape[dim]
-    groups = {frozenset(grp) for grp in mesh.groups((axis,))}
-    if any(op.kind == "all_reduce" and {frozenset(grp) for grp in op.params["groups"]} != groups
-           for op in ops):
-        return None
-    sub = Graph("probe", tensors=g.tensors, ops=ops, inputs=[t], outputs=[out])
-    coord = lambda r: mesh.coords(r)[axis]   # noqa: E731
-    try:
-        runs = [Interpreter(sub, mesh.size, lambda r, a: mesh.coords(r)[a]).run(
-            [[np.take(p, range(coord(r) * rows, (coord(r) + 1) * rows), axis=dim)
-              for r in range(mesh.size)]]) for p in probes]
-    except (NotExecutable, KeyError):
-        return None
-    for op in ops:
-        if op.kind != "all_reduce":
-            continue
-        x = op.inputs[0]
-        for grp in groups:     # one nonzero term per element, on either probe
-            if np.any(sum((runs[0][x][m] != 0) | (runs[1][x][m] != 0) for m in grp) > 1):
-                return None
-    sels = {_selection(probes, [run[out][r] for run in runs], dim) for r in range(mesh.size)}
-    sel = sels.pop() if len(sels) == 1 else None
-    if sel is None or sorted(sel) != list(range(len(sel))) or sel == tuple(range(len(sel))):
-        return None
-    return sel
 
 
 def inverse(perm: tuple[int, ...]) -> tuple[int, ...]:
@@ -372,18 +477,19 @@ def canonical(g: Graph, chain: Chain, ids: IdAllocator) -> None:
     """The distributed chain's result computed by the one gather the sequential
     program now has (the same value: the chain is that permutation; for a per-rank
     pick, the rank's block of it, by a dynamic_slice at coordinate * rows; for the
-    ranks' blocks put back in order, the gather of their all_gather), so that the two
-    sides hold the same op; the chain's other ops are left dead."""
+    ranks' blocks put in order, the gather of their all_gather, then the rank's block
+    of it when the chain's result is one), so that the two sides hold the same op;
+    the chain's other ops are left dead."""
     at = next(i for i, op in enumerate(g.ops) if op.output == chain.out)
     like = g.ops[at]
     new: list[Op] = []
     b = GraphBuilder(Graph(g.name, tensors=g.tensors, ops=new), ids)
     x = g.tensors[chain.src]
     if chain.gathered is not None:     # the blocks concatenated, then the take
-        whole = b.op("all_gather", [x.id], g.tensors[chain.out].shape, x.dtype,
-                     {"dimension": chain.dim, "groups": chain.gathered}, like.loc, like.name)
-        take_ops(b, g.tensors[whole], chain.dim, chain.perm, like, chain.out)
-    elif chain.block is None:
+        shape = tuple(n * len(chain.gathered[0]) if j == chain.dim else n for j, n in enumerate(x.shape))
+        x = g.tensors[b.op("all_gather", [x.id], shape, x.dtype,
+                           {"dimension": chain.dim, "groups": chain.gathered}, like.loc, like.name)]
+    if chain.block is None:
         take_ops(b, x, chain.dim, chain.perm, like, chain.out)
     else:
         axis, rows = chain.block

@@ -11,7 +11,9 @@ into the same program on the permuted inputs, S' = pi^-1 . S~ . pi, where
 * pi is the distributed program's own permutation of an input, read from its ops
   by dlverify/reorders.py (pure data movement of the replicated input, evaluated
   exactly; or a pick of its rows by each rank that is the rank's block of one
-  permutation); both programs then compute it by one gather of constant indices
+  permutation; or, for an input held in blocks, their movement across ranks into
+  each rank's block of one permutation); both programs then compute it by one
+  gather of constant indices
   (the distributed ops replaced by the value they were proved to compute, with a
   dynamic_slice of the rank's block for a pick), so that the rules meet the same
   op on both sides;
@@ -316,7 +318,8 @@ def _rebuild(problem: Problem, chains: dict[int, Chain], permuted, free: set[int
                 continue
             restored = True
             back = None if i >= len(dist.outputs) else \
-                output_chain(dist, dist.outputs[i]) or gathered_output_chain(problem, dist.outputs[i])
+                output_chain(dist, dist.outputs[i]) or \
+                gathered_output_chain(problem, dist.outputs[i], (j, inverse(pm)))
             if back is not None and back.dim == j and back.perm == inverse(pm):
                 t = b.gather(t, j, back.perm, back.ops[-1])
                 canonical(dist, back, problem.ids)

@@ -232,3 +232,108 @@ def test_a_transpose_goes_through_ring_passes_into_what_computes_it(name):
     after = Interpreter(g, 2).run(ins)[g.outputs[0]]
     for r in range(2):
         np.testing.assert_allclose(after[r], before[r], rtol=1e-6, atol=1e-6)
+
+
+# ------------------------------------------------ sharded inputs reordered across ranks
+
+# CP=2, four chunks of two rows; rank r holds rows 4r..4r+3 (chunks 2r, 2r+1) and
+# computes on the zigzag chunks (r, 3-r): each rank keeps one chunk and swaps the other
+# with its partner by a collective_permute (XLA's partitioned take along the sharded
+# dim), then puts its rows back the same way. The sequential exp is elementwise, so the
+# pair verifies either way: what is tested is that both reorders are read.
+SHARDED_SEQ = SEQ
+SHARDED_DIST = """HloModule dist, num_partitions=2
+
+ENTRY %main (x: f32[4,2]) -> f32[4,2] {
+  %x = f32[4,2]{1,0} parameter(0), sharding={devices=[2,1]<=[2]}
+  %pid = u32[] partition-id()
+  %zero = u32[] constant(0)
+  %first = pred[] compare(%pid, %zero), direction=EQ
+  %m = pred[2,2]{1,0} broadcast(%first), dimensions={}
+  %lo = f32[2,2]{1,0} slice(%x), slice={[0:2], [0:2]}
+  %hi = f32[2,2]{1,0} slice(%x), slice={[2:4], [0:2]}
+  %got = f32[2,2]{1,0} collective-permute(%hi), channel_id=1, source_target_pairs={{0,1},{1,0}}
+  %a = f32[2,2]{1,0} select(%m, %lo, %got)
+  %b = f32[2,2]{1,0} select(%m, %got, %lo)
+  %local = f32[4,2]{1,0} concatenate(%a, %b), dimensions={0}
+  %y = f32[4,2]{1,0} exponential(%local)
+  %ylo = f32[2,2]{1,0} slice(%y), slice={[0:2], [0:2]}
+  %yhi = f32[2,2]{1,0} slice(%y), slice={[2:4], [0:2]}
+  %keep = f32[2,2]{1,0} select(%m, %ylo, %yhi)
+  %send = f32[2,2]{1,0} select(%m, %yhi, %ylo)
+  %back = f32[2,2]{1,0} collective-permute(%send), channel_id=2, source_target_pairs={{0,1},{1,0}}
+  ROOT %o = f32[4,2]{1,0} concatenate(%keep, %back), dimensions={0}
+}
+"""
+
+SHARDED_TWINS = {
+    # the rows put back in the other order on each rank
+    "unpermute_swapped": ("concatenate(%keep, %back)", "concatenate(%back, %keep)"),
+    # only rank 0 sends: rank 0 computes on zeros in place of its partner's chunk
+    "one_way": ("channel_id=1, source_target_pairs={{0,1},{1,0}}", "channel_id=1, source_target_pairs={{0,1}}"),
+}
+
+
+def test_a_sharded_input_reordered_across_ranks_is_read_and_its_canonical_form_computes_it(tmp_path):
+    """The chain read from the sharded input (the zigzag order 0, 3, 1, 2 of the
+    chunks, each rank its block) and from the un-permute (the inverse, each rank its
+    block of the natural order); the canonical forms (all_gather, gather, dynamic_slice)
+    compute, by the shared evaluator, what the collective_permutes compute on both ranks."""
+    from dlverify.reorders import input_chains
+    problem = _problem(tmp_path, SHARDED_DIST)
+    g = problem.dist
+    chains = input_chains(problem)
+    assert list(chains) == [problem.seq.inputs[0]]
+    ch = chains[problem.seq.inputs[0]]
+    zigzag = (0, 1, 6, 7, 2, 3, 4, 5)
+    assert (ch.dim, ch.perm, ch.block) == (0, zigzag, (problem.mesh.axis_names[0], 4))
+    back = gathered_output_chain(problem, g.outputs[0], (0, inverse(zigzag)))
+    assert back is not None and back.block == ch.block
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 2)).astype(np.float32)
+    coords = lambda r, a: problem.mesh.coords(r)[a]   # noqa: E731
+    blocks = [[x[:4], x[4:]]]
+    before = Interpreter(g, 2, coords).run(blocks)
+    canonical(g, ch, problem.ids)
+    canonical(g, back, problem.ids)
+    after = Interpreter(g, 2, coords).run(blocks)
+    for r in range(2):
+        np.testing.assert_array_equal(after[ch.out][r], before[ch.out][r])
+        np.testing.assert_array_equal(after[g.outputs[0]][r], before[g.outputs[0]][r])
+        np.testing.assert_allclose(after[g.outputs[0]][r], np.exp(x[4 * r:4 * r + 4]), rtol=1e-6)
+
+
+def test_the_sharded_reorder_pair_verifies_in_the_reordered_program(tmp_path):
+    res = assert_pair_verifies(tmp_path, SHARDED_SEQ, SHARDED_DIST, ["out0 = concat(r0.out0, r1.out0; dim 0)"])
+    assert any("put back in the natural order" in n for n in res.notes)
+
+
+@pytest.mark.parametrize("twin", sorted(SHARDED_TWINS))
+def test_a_wrong_sharded_reorder_is_not_verified(tmp_path, twin):
+    old, new = SHARDED_TWINS[twin]
+    assert old in SHARDED_DIST
+    assert not verify_texts(tmp_path, SHARDED_SEQ, SHARDED_DIST.replace(old, new)).verified
+
+
+def _sliced(mod, order_in, order_out):
+    import jax
+    import dlverify
+    def dist(q, k, v):
+        q, k, v = (mod.reorder_by_slices(x, order_in) for x in (q, k, v))
+        return mod.reorder_by_slices(mod._sharded(mod.ring_zigzag)(q, k, v), order_out)
+    return dlverify.Case(seq=mod.causal_seq, dist=jax.jit(dist), args=mod._args(), expect="bug")
+
+
+def test_compiled_zigzag_reordered_by_slices_verifies_and_its_twins_do_not(tmp_path):
+    """XLA shards the inputs of the reorder by slices and moves their rows across ranks
+    (collective_permutes, all_to_alls); read as the zigzag take, each rank its block.
+    Twins: the outputs put back by the zigzag order itself; the chunks paired r, r+CP
+    while the mask assumes the zigzag pairs."""
+    mod = example_module("ring_attention_zigzag")
+    res = verify_texts(tmp_path, *compiled_pair(mod.ring_zigzag_causal_sliced(), dumped=True))
+    assert res.verified, [(f.op, f.line, f.message[:200]) for f in res.failures[:2]]
+    paired = [c for r in range(mod.CP) for c in (r, r + mod.CP)]
+    for order_in, order_out in ((mod.ZIGZAG, mod.ZIGZAG),
+                                (paired, [int(i) for i in np.argsort(paired)])):
+        case = _sliced(mod, order_in, order_out)
+        assert not verify_texts(tmp_path, *compiled_pair(case, dumped=True)).verified
