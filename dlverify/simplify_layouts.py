@@ -45,7 +45,10 @@ dot takes a transpose it can compute whole:
   start in its own dim); transpose(f(x, splats)) is f(transpose(x), splats);
 * a broadcast_in_dim of a reshape that only inserts size-1 dims broadcasts the
   reshape's operand (the program's iota reshaped to [1, n] before a mask's
-  broadcast; XLA broadcasts the iota).
+  broadcast; XLA broadcasts the iota); a reshape that only inserts size-1 dims
+  into a broadcast_in_dim is the broadcast to its shape (the program reshapes its
+  [b, h, q, k] causal mask to [1, b, h, q, k]; XLA broadcasts it there), in every
+  pass.
 
 No rule moves a transpose out of a slice, a concatenation or an elementwise op,
 and a transpose enters an all-gather (against simplify_sink.transpose_out_of_all_gather,
@@ -96,6 +99,8 @@ class _LayoutRules(_Rewriter):
         if op.kind == "transpose" and (self.transposed_dot(op) or self.unit_move_of_reshape(op)):
             return True
         if op.kind == "dot_general" and self.free_units_out_of_dot(op):
+            return True
+        if op.kind == "reshape" and self.broadcast_under_unit_insertion(op):
             return True
         if not self.late:
             return False
@@ -176,6 +181,25 @@ class _LayoutRules(_Rewriter):
                     self.g.tensors[op.output].dtype, q, op, output=op.output)
         return True
 
+    def broadcast_under_unit_insertion(self, op: Op) -> bool:
+        """A reshape that only inserts size-1 dims into a broadcast_in_dim is the
+        broadcast to the reshape's shape, each dim where the reshape put it: an
+        element of the result has the broadcast's element's coordinates, the inserted
+        ones 0 (the program broadcasts a causal mask to [b, h, q, k] and reshapes it
+        to [1, b, h, q, k] beside its scores; XLA broadcasts it there directly)."""
+        b = self.producer.get(op.inputs[0])
+        if b is None or b.kind != "broadcast_in_dim":
+            return False
+        found = _unit_deletion(self.shape(op.output), self.shape(b.output))
+        if found is None:
+            return False
+        kept, _ = found
+        q = dict(b.params)
+        q["broadcast_dimensions"] = tuple(kept[d] for d in b.params["broadcast_dimensions"])
+        self.new_op("broadcast_in_dim", list(b.inputs), self.shape(op.output),
+                    self.g.tensors[op.output].dtype, q, op, output=op.output)
+        return True
+
     # ------------------------------------------------------------------ dots
     def transposed_dot(self, op: Op) -> bool:
         """transpose(gathers(reshape(dot))) as gathers'(reshape'(dot')), the reshape and
@@ -218,9 +242,9 @@ class _LayoutRules(_Rewriter):
         gorder = [g for want in ((0, 2, 1) if swap else (0, 1, 2)) for g in perm
                   if greg[g] == want]
         free = [g for g in perm if greg[g]]
+        interleaved = free != [g for g in gorder if greg[g]]
         if [g for g in perm if mid[g] != 1] == sorted(g for g in perm if mid[g] != 1) or (
-                gorder != perm and (free != [g for g in gorder if greg[g]]
-                                    or gorder == sorted(gorder))):
+                gorder != perm and ((interleaved and 1 in mid) or gorder == sorted(gorder))):
             # Moving size-1 dims only moves no element: nothing to take. A transpose the
             # dot cannot compute whole is split only when what is left moves batch dims
             # alone, P's free dims (size-1 ones too) already one operand's, then the

@@ -62,8 +62,17 @@ def _broadcast(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputa
     x = _operand_with_dims(L, ins, ops)
     if len(x.dims) != x.rank:
         raise L.err(ins, f"broadcast dimensions {x.dims} do not match the operand rank {x.rank}")
-    return L.emit("broadcast_in_dim", [x.tensor], sh.dims, sh.dtype,
-                  {"broadcast_dimensions": x.dims}, loc, ins.name)
+    t, dims = x.tensor, tuple(x.dims)
+    if list(dims) != sorted(dims):
+        # HLO lets a broadcast transpose its operand (dimensions={2,1}); the IR's
+        # broadcast_in_dim, as JAX's, places the operand's dims in order: the
+        # operand is transposed into the order of its result dims first
+        order = tuple(sorted(range(len(dims)), key=dims.__getitem__))
+        t = L.emit("transpose", [t], tuple(L.shape_of(t)[i] for i in order), L.dtype_of(t),
+                   {"permutation": order}, loc, ins.name)
+        dims = tuple(dims[i] for i in order)
+    return L.emit("broadcast_in_dim", [t], sh.dims, sh.dtype,
+                  {"broadcast_dimensions": dims}, loc, ins.name)
 
 
 def reshape_to(L: Lowerer, ins: HloInstruction, t: int, dims: tuple[int, ...], loc: SourceLoc,
