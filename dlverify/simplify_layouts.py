@@ -242,9 +242,9 @@ class _LayoutRules(_Rewriter):
         gorder = [g for want in ((0, 2, 1) if swap else (0, 1, 2)) for g in perm
                   if greg[g] == want]
         free = [g for g in perm if greg[g]]
-        interleaved = free != [g for g in gorder if greg[g]]
         if [g for g in perm if mid[g] != 1] == sorted(g for g in perm if mid[g] != 1) or (
-                gorder != perm and ((interleaved and 1 in mid) or gorder == sorted(gorder))):
+                gorder != perm and (free != [g for g in gorder if greg[g]]
+                                    or gorder == sorted(gorder))):
             # Moving size-1 dims only moves no element: nothing to take. A transpose the
             # dot cannot compute whole is split only when what is left moves batch dims
             # alone, P's free dims (size-1 ones too) already one operand's, then the
