@@ -114,6 +114,20 @@ def run_case(path: Path, name: str, case, seq_stage: str, large_constants: bool,
                t1 - t0, time.perf_counter() - t1, first[:300], located, len(res.unknowns))
 
 
+def _run_cases(files: list[Path], args: argparse.Namespace, out_dir: Path) -> list[Row]:
+    """Every case of `files`, its HLO pair written to `out_dir`; one line each unless --json."""
+    rows = []
+    for path in files:
+        for name, case in _cases(path):
+            row = run_case(path, name, case, args.seq, not args.elide_constants, out_dir, args.dist)
+            rows.append(row)
+            if not args.json:
+                where = {True: "located", False: "elsewhere", None: ""}[row.located]
+                print(f"{row.case:46s} {row.expect:8s} {row.verdict:12s} {where:9s} compile {row.compile_s:5.1f}s "
+                      f"verify {row.verify_s:5.1f}s  {row.first_failure[:110]}", flush=True)
+    return rows
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="*", type=Path)
@@ -131,17 +145,12 @@ def main(argv: list[str]) -> int:
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
         ap.error(f"no such example file: {missing[0]}")
-    out_dir = args.keep or Path(tempfile.mkdtemp(prefix="dlverify-xla-examples-"))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for path in files:
-        for name, case in _cases(path):
-            row = run_case(path, name, case, args.seq, not args.elide_constants, out_dir, args.dist)
-            rows.append(row)
-            if not args.json:
-                where = {True: "located", False: "elsewhere", None: ""}[row.located]
-                print(f"{row.case:46s} {row.expect:8s} {row.verdict:12s} {where:9s} compile {row.compile_s:5.1f}s "
-                      f"verify {row.verify_s:5.1f}s  {row.first_failure[:110]}", flush=True)
+    if args.keep:
+        args.keep.mkdir(parents=True, exist_ok=True)
+        rows = _run_cases(files, args, args.keep)
+    else:  # (removed afterwards: a full run writes a few hundred modules)
+        with tempfile.TemporaryDirectory(prefix="dlverify-xla-examples-") as tmp:
+            rows = _run_cases(files, args, Path(tmp))
     correct = [r for r in rows if r.expect == "verified"]
     bugs = [r for r in rows if r.expect == "bug"]
     summary = {
