@@ -2,10 +2,11 @@
 
     python bench/bench_chain.py                       # 10,000 and 100,000 ops, HLO text
     python bench/bench_chain.py --ops 100000 --frontend jax --json
+    python bench/bench_chain.py --ops 100 200 400 --frontend jax --scaled --engine clingo --window 100000
 
 The HLO chain cycles multiply, add and tanh on one f32[8,4] value split over 2
 ranks (tests/test_depth.py builds the same module); the JAX chain is a
-shard_map of x = tanh(x) unrolled in Python. A linear schedule shows as a
+shard_map of x = tanh(x) unrolled in Python (with --scaled, x = tanh(x) * 2.0). A linear schedule shows as a
 constant time per op across lengths. With --json one JSON object per length is
 printed: per-phase wall and CPU seconds, segments, engine runs, memo hits, peak
 MiB and the verdict.
@@ -54,7 +55,7 @@ def load_hlo(ops: int, tmp: Path):
     return hlo_problem(seq, dist, load_spec(spec), None, IdAllocator())
 
 
-def load_jax(ops: int):
+def load_jax(ops: int, scaled: bool = False):
     import jax
     import jax.numpy as jnp
     from jax.sharding import PartitionSpec as P
@@ -64,7 +65,7 @@ def load_jax(ops: int):
 
     def chain(x):
         for _ in range(ops):
-            x = jnp.tanh(x)
+            x = jnp.tanh(x) * 2.0 if scaled else jnp.tanh(x)
         return x
 
     mesh = dlverify.host_mesh((2,), ("x",))
@@ -72,13 +73,14 @@ def load_jax(ops: int):
     return import_jax(chain, dist, (jax.ShapeDtypeStruct((8, 4), jnp.float32),), name="chain")
 
 
-def run(ops: int, frontend: str, engine: str, window: int | None) -> dict:
+def run(ops: int, frontend: str, engine: str, window: int | None, scaled: bool = False,
+        rules_dir: Path | None = None) -> dict:
     clock = Clock()
     with tempfile.TemporaryDirectory() as tmp:
-        problem = load_hlo(ops, Path(tmp)) if frontend == "hlo" else load_jax(ops)
+        problem = load_hlo(ops, Path(tmp)) if frontend == "hlo" else load_jax(ops, scaled)
     clock.lap("import")
     kw = {} if window is None else {"window": window}
-    res = verify_problem(problem, engine=engine, **kw)
+    res = verify_problem(problem, engine=engine, rules_dir=rules_dir, **kw)
     clock.lap("verify")
     plan = res.segment_plan
     return {
@@ -100,12 +102,17 @@ def main() -> int:
     ap.add_argument("--ops", type=int, nargs="+", default=[10_000, 100_000])
     ap.add_argument("--frontend", choices=["hlo", "jax"], default="hlo")
     ap.add_argument("--engine", default="auto", choices=["auto", "clingo", "souffle"])
-    ap.add_argument("--window", type=int, default=None)
+    ap.add_argument("--window", type=int, default=None,
+                    help="ops per segment (larger than --ops: one fixpoint, as a failing run is retried)")
+    ap.add_argument("--scaled", action="store_true",
+                    help="jax: x = tanh(x) * 2.0, a constant of the same value in every op")
+    ap.add_argument("--rules-dir", type=Path, default=None,
+                    help="another rule set (a datalog/ folder) to compare with the installed one")
     ap.add_argument("--json", action="store_true", help="one JSON object per length")
     args = ap.parse_args()
     ok = True
     for n in args.ops:
-        r = run(n, args.frontend, args.engine, args.window)
+        r = run(n, args.frontend, args.engine, args.window, args.scaled, args.rules_dir)
         ok &= r["verified"]
         if args.json:
             print(json.dumps(r), flush=True)
