@@ -229,3 +229,21 @@ def test_the_hlo_lowering_folds_through_the_same_evaluator():
     assert eval_small("shift_right_logical", [np.asarray(i32(-8)), np.asarray(i32(31))], (), {},
                       "int32") == 1
     assert eval_small("custom_call", [], (), {}, "int32") is None
+
+
+@pytest.mark.parametrize("dims", [(0, 1, 2), (2, 1, 0), (1, 2, 0), (0, 2, 1)])
+def test_broadcast_with_dims_in_any_order_maps_operand_dim_i_to_output_dim_dims_i(dims):
+    # HLO allows broadcast dimensions out of order (a broadcast that also transposes); the
+    # fact export reads them so, and the evaluator once reshaped as if they were sorted
+    x = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)
+    out_shape = [5, 0, 0, 0]
+    for i, d in enumerate(dims):
+        out_shape[d + 1] = x.shape[i]
+    got = evaluate("broadcast_in_dim", {"broadcast_dimensions": tuple(d + 1 for d in dims)}, [x],
+                   tuple(out_shape), "float32")
+    inverse = np.argsort(dims)  # output dim j holds operand dim inverse[j]
+    want = np.broadcast_to(np.transpose(x, inverse), tuple(out_shape))
+    assert got.shape == tuple(out_shape)
+    np.testing.assert_array_equal(got, want)
+    for idx in itertools.product(*(range(n) for n in out_shape)):
+        assert got[idx] == x[tuple(idx[d + 1] for d in dims)]

@@ -50,10 +50,14 @@ def scalar_index(x: np.ndarray) -> int:
 
 # ----------------------------------------------------------------- data movement
 def broadcast_in_dim(call: Call) -> np.ndarray:
-    x = np.asarray(call.ins[0])
+    dims = list(call.params["broadcast_dimensions"])
+    # HLO allows dims out of order (a broadcast that also transposes, as the facts read it):
+    # operand dim i goes to output dim dims[i], so order the operand's dims by their targets
+    order = sorted(range(len(dims)), key=dims.__getitem__)
+    x = np.transpose(np.asarray(call.ins[0]), order)
     sh = [1] * len(call.out_shape)
-    for i, d in enumerate(call.params["broadcast_dimensions"]):
-        sh[d] = x.shape[i]
+    for i in order:
+        sh[dims[i]] = np.shape(call.ins[0])[i]
     return np.broadcast_to(x.reshape(sh), call.out_shape)
 
 
