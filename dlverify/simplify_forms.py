@@ -215,30 +215,43 @@ class _FormRules(_Rewriter):
     def unit_dims_into_dot(self, op: Op) -> bool:
         """A dot operand that is a reshape deleting size-1 dims is replaced by the
         reshape's operand, those dims free dims of the dot; the result is reshaped
-        to delete them again."""
+        to delete them again. On the distributed graph the sequential program's dots
+        choose where _merged_into_contraction cannot (unit_layouts.fits_better,
+        keeps_lone_units_out)."""
         if op.kind != "dot_general" or len(op.inputs) != 2:
             return False
-        p = op.params
-        sides = []
         founds = []
         for t in op.inputs:
             r = self.producer.get(t)
             founds.append(None if r is None or r.kind != "reshape" else
                           _unit_deletion(self.shape(r.inputs[0]), self.shape(t)))
-        for side, (t, found) in enumerate(zip(op.inputs, founds)):
-            if found is not None and self._merged_into_contraction(op, side, found, founds):
-                found = None
-            r = self.producer.get(t)
-            sides.append((t, list(range(len(self.shape(t))))) if found is None
-                         else (r.inputs[0], found[0]))
-        if all(src == t for (src, _), t in zip(sides, op.inputs)):
+        kept = [None if found is not None and self._merged_into_contraction(op, side, found, founds)
+                else found for side, found in enumerate(founds)]
+        ins, q = self._dot_taking(op, kept)
+        partner = getattr(self, "partner_dots", None)
+        if partner:   # (the sequential program's dots choose: dlverify/unit_layouts.py)
+            from dlverify.unit_layouts import fits_better, keeps_lone_units_out
+            taken = self._dot_taking(op, founds)
+            if kept != founds and fits_better(self, taken, op):
+                ins, q = taken                          # (a head the program keeps apart)
+            elif keeps_lone_units_out(self, op, ins, q):
+                return False
+        if ins == list(op.inputs):
             return False
-        (lsrc, lmap), (rsrc, rmap) = sides
-        q = dict(p)
-        for key, dims in (("lhs", lmap), ("rhs", rmap)):
+        return self._dot_then_unit_reshape(op, ins, q)
+
+    def _dot_taking(self, op: Op, founds: list[tuple[list[int], list[int]] | None]
+                    ) -> tuple[list[int], dict]:
+        """The operands and params of `op` reading, for each operand with a `found`
+        deletion (_unit_deletion), the reshape's operand instead."""
+        ins, q = [], dict(op.params)
+        for side, (t, found) in enumerate(zip(op.inputs, founds)):
+            key = ("lhs", "rhs")[side]
+            ins.append(t if found is None else self.producer[t].inputs[0])
+            dims = list(range(len(self.shape(t)))) if found is None else found[0]
             for role in ("batch", "contract"):
-                q[f"{key}_{role}"] = tuple(dims[d] for d in p[f"{key}_{role}"])
-        return self._dot_then_unit_reshape(op, [lsrc, rsrc], q)
+                q[f"{key}_{role}"] = tuple(dims[d] for d in op.params[f"{key}_{role}"])
+        return ins, q
 
     def _merged_into_contraction(self, op: Op, side: int,
                                  found: tuple[list[int], list[int]],
@@ -283,9 +296,17 @@ class _FormRules(_Rewriter):
         (one of each, in order); the result is reshaped to the dot's shape (only
         size-1 dims move). The program batches over a dim (KV groups) whose block
         on a rank is size 1; XLA's dot, which deleted it, has it back as a free
-        dim of each operand (`unit_dims_into_dot`)."""
+        dim of each operand (`unit_dims_into_dot`). On the distributed graph the
+        sequential program's dots choose first, batch or contract, for these and for
+        size-1 pairs the dot already batches or contracts
+        (unit_layouts.unit_pairs_as_sequential), or leave free pairs free
+        (unit_layouts.keeps_unit_pairs_free)."""
         if op.kind != "dot_general" or len(op.inputs) != 2:
             return False
+        if getattr(self, "partner_dots", None):
+            from dlverify.unit_layouts import unit_pairs_as_sequential   # (built on this module)
+            if unit_pairs_as_sequential(self, op):
+                return True
         p = op.params
         free = []
         for side, key in ((0, "lhs"), (1, "rhs")):
@@ -303,6 +324,10 @@ class _FormRules(_Rewriter):
             rb.insert(at, dr)
         q = dict(p)
         q["lhs_batch"], q["rhs_batch"] = tuple(lb), tuple(rb)
+        if getattr(self, "partner_dots", None):
+            from dlverify.unit_layouts import keeps_unit_pairs_free   # (built on this module)
+            if keeps_unit_pairs_free(self, op, q):
+                return False
         return self._dot_then_unit_reshape(op, list(op.inputs), q)
 
     def unit_dims_into_broadcast(self, op: Op) -> bool:

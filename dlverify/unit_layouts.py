@@ -39,12 +39,31 @@ is read from that program:
   pair reshape with reshape (datalog/layout_algebra.dl) and transpose with
   transpose of the same permutation (datalog/layout.dl).
 
+* the size-1 pairs of a dot (one size-1 dim in each operand) are batched by default
+  (simplify_forms.unit_dims_batched), the KV groups a program batches over; with one
+  head per rank XLA deletes the head dim where the program contracts it ((h, e) in the
+  attention output projection: [b*s, e] x [e, D]), or keeps it free (query slots):
+  `unit_pairs_as_sequential` batches or contracts each free pair (contracts one only
+  beside an operand a dot batched over a size-1 dim: a micro-batch stays batched), and
+  `keeps_unit_pairs_free` leaves them free, as the sequential dots do. The choice
+  reads more than dim counts (which many dots share): `_fits` asks for a sequential dot
+  with as many dims in each role, each dist dim's size dividing that dot's (a rank's
+  block). Likewise unit_dims_into_dot takes a deleted head into a dot that contracts
+  its neighbours when the program's dot keeps the head (`fits_better`: the weight
+  gradient of the output projection, [d, h, e]), and keeps lone size-1 dims out when
+  the dot already fits and would no longer (`keeps_lone_units_out`: lone_units_batched
+  deletes a fused QKV's size-1 query slot beside the head of one it batches).
+* chains may hold unit-stride slices: a slice under a transpose (XLA transposes the
+  fused QKV projection once, then slices q and v) is written as the slice of the box of
+  x it keeps, then the program's pair.
+
 All rewrite the distributed graph by identities only; the sequential program only
 chooses among equal forms, so a wrong choice costs a relation, never soundness.
 tests/test_unit_layouts.py checks each numerically and where it must not fire.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -56,6 +75,7 @@ from dlverify.simplify_forms import _FormRules
 if TYPE_CHECKING:
     from dlverify.simplify import _Simplifier
 
+_CHAIN_KINDS = ("reshape", "transpose", "slice")   # (what a layout chain may hold)
 DotRoles = tuple[int, tuple[int, int], int]   # batch dims, free dims per operand (sorted), contracted
 
 
@@ -64,11 +84,42 @@ def _roles(params: dict, lrank: int, rrank: int) -> DotRoles:
     return nb, tuple(sorted((lrank - nb - nc, rrank - nb - nc))), nc
 
 
-def dot_roles(g: Graph) -> frozenset[DotRoles]:
-    """How many batch, free (per operand, unordered) and contracted dims each dot of g has."""
-    return frozenset(_roles(op.params, len(g.tensors[op.inputs[0]].shape),
-                            len(g.tensors[op.inputs[1]].shape))
-                     for op in g.ops if op.kind == "dot_general" and len(op.inputs) == 2)
+class PartnerDots(frozenset):
+    """The sequential program's dot_roles, and the sizes of each dot's dims by role
+    (`shapes`, see _dot_sizes) for the rules that read more than counts."""
+
+    shapes: frozenset = frozenset()
+
+
+def _dot_sizes(p: dict, lshape: tuple[int, ...], rshape: tuple[int, ...]) -> tuple:
+    """(batch sizes, lhs free sizes, rhs free sizes, contracted sizes), in dim order."""
+    free = [tuple(n for d, n in enumerate(shape) if d not in p[f"{key}_batch"]
+                  and d not in p[f"{key}_contract"])
+            for shape, key in ((lshape, "lhs"), (rshape, "rhs"))]
+    return (tuple(lshape[d] for d in p["lhs_batch"]), free[0], free[1],
+            tuple(lshape[d] for d in p["lhs_contract"]))
+
+
+def _fits(p: dict, lshape: tuple[int, ...], rshape: tuple[int, ...], partner: PartnerDots) -> bool:
+    """Whether a dot of params p over operands of these shapes could compute a block of a
+    sequential dot: one with as many dims in each role (either operand first), each
+    dim's size dividing that dot's (a rank's block of a dim, size 1 for one head)."""
+    b, lf, rf, c = _dot_sizes(p, lshape, rshape)
+    def divides(mine: tuple[int, ...], theirs: tuple[int, ...]) -> bool:
+        return len(mine) == len(theirs) and all(t % m == 0 for m, t in zip(mine, theirs))
+    return any(divides(b, tb) and divides(c, tc) and (
+        divides(lf, tl) and divides(rf, tr) or divides(lf, tr) and divides(rf, tl))
+        for tb, tl, tr, tc in partner.shapes)
+
+
+def dot_roles(g: Graph) -> PartnerDots:
+    """How many batch, free (per operand, unordered) and contracted dims each dot of g
+    has (and the sizes: PartnerDots.shapes)."""
+    dots = [(op.params, g.tensors[op.inputs[0]].shape, g.tensors[op.inputs[1]].shape)
+            for op in g.ops if op.kind == "dot_general" and len(op.inputs) == 2]
+    roles = PartnerDots(_roles(p, len(ls), len(rs)) for p, ls, rs in dots)
+    roles.shapes = frozenset(_dot_sizes(p, ls, rs) for p, ls, rs in dots)
+    return roles
 
 
 def _lone_units(p: dict, shapes: list[tuple[int, ...]]) -> list[list[int]]:
@@ -82,7 +133,12 @@ def _lone_units(p: dict, shapes: list[tuple[int, ...]]) -> list[list[int]]:
 
 def lone_units_batched(s: "_Simplifier", op: Op) -> bool:
     """See the module docstring; `s.partner_dots` is the sequential program's
-    dot_roles (None: the rule is off, as on the sequential graph)."""
+    dot_roles (None: the rule is off, as on the sequential graph). The first k units
+    are batched for the least k that gives a sequential dot's dim counts as it is, else
+    with the next m of them deleted too (the least m first), unless deleting alone gives
+    them (lone_units_deleted does, after the normal form) (a query slot's size-1 dim sliced out of a
+    fused QKV projection beside the query's head of one). Which k of them does not
+    matter: a reshape is its shapes, whichever size-1 dims it is said to move."""
     partner = getattr(s, "partner_dots", None)
     if not partner or op.kind != "dot_general" or len(op.inputs) != 2:
         return False
@@ -93,7 +149,13 @@ def lone_units_batched(s: "_Simplifier", op: Op) -> bool:
         return False
     side = 0 if units[0] else 1
     key, okey = ("lhs", "rhs")[side], ("lhs", "rhs")[1 - side]
-    for k in range(1, len(units[side]) + 1):
+    if any(_roles(p, *[n - m * (i == side) for i, n in enumerate(ranks)]) in partner
+           for m in range(1, len(units[side]) + 1)):
+        return False                         # (deleted after the normal form: lone_units_deleted)
+    for k, deleted in sorted(itertools.product(range(1, len(units[side]) + 1),
+                                               range(len(units[side]))), key=lambda c: c[::-1]):
+        if k + deleted > len(units[side]):
+            continue
         grown = list(ranks)
         grown[1 - side] += k
         q = dict(p)
@@ -103,14 +165,144 @@ def lone_units_batched(s: "_Simplifier", op: Op) -> bool:
         q[f"{okey}_batch"] = tuple(d + k * (d >= at) for d in p[f"{okey}_batch"]) + \
             tuple(range(at, at + k))
         q[f"{okey}_contract"] = tuple(d + k * (d >= at) for d in p[f"{okey}_contract"])
-        if _roles(q, *grown) not in partner:
+        if _roles(q, *[n - deleted * (i == side) for i, n in enumerate(grown)]) not in partner:
             continue
         other = op.inputs[1 - side]
         oshape = s.shape(other)
         ins = list(op.inputs)
         ins[1 - side] = s.new_op("reshape", [other], oshape[:at] + (1,) * k + oshape[at:],
                                  s.g.tensors[other].dtype, {}, op)
+        if deleted:                          # (the next lone dims, which the program has not)
+            t = op.inputs[side]
+            gone = units[side][k:k + deleted]
+            keep = [d for d in range(ranks[side]) if d not in gone]
+            ins[side] = s.new_op("reshape", [t], tuple(s.shape(t)[d] for d in keep),
+                                 s.g.tensors[t].dtype, {}, op)
+            at_kept = {d: i for i, d in enumerate(keep)}
+            for role in ("batch", "contract"):
+                q[f"{key}_{role}"] = tuple(at_kept[d] for d in q[f"{key}_{role}"])
         return s._dot_then_unit_reshape(op, ins, q)
+    return False
+
+
+def keeps_unit_pairs_free(s: "_Simplifier", op: Op, q: dict) -> bool:
+    """Whether the dot `op` keeps its size-1 free pairs free rather than batching them
+    (simplify_forms.unit_dims_batched, giving params q): when its dim counts are a
+    sequential dot's and the batched dot's are none's. A rank's size-1 block of a dim
+    the sequential dot keeps free in both operands (query slots split one per rank
+    beside a size-1 block of the KV slots) is free there too; the KV groups of one head
+    per rank, which the program batches, are not (the dot's own counts are then no
+    sequential dot's, or the batched ones are one's)."""
+    partner = getattr(s, "partner_dots", None)
+    if not partner:
+        return False
+    shapes = [s.shape(t) for t in op.inputs]
+    return _fits(op.params, *shapes, partner) and not _fits(q, *shapes, partner)
+
+
+def fits_better(s: "_Simplifier", new: tuple[list[int], dict], op: Op) -> bool:
+    """Whether the dot of `new` (operands, params) could compute a block of a sequential
+    dot (_fits) and the dot `op` as it is could not."""
+    partner = getattr(s, "partner_dots", None)
+    ins, q = new
+    return bool(partner) and _fits(q, *[s.shape(t) for t in ins], partner) \
+        and not _fits(op.params, *[s.shape(t) for t in op.inputs], partner)
+
+
+def keeps_lone_units_out(s: "_Simplifier", op: Op, ins: list[int], q: dict) -> bool:
+    """Whether the dot `op` keeps out of it the size-1 dims its operands' reshapes delete
+    (simplify_forms.unit_dims_into_dot would make them free dims of the dot of `ins`,
+    the reshapes' operands, with params q): when they would be lone there (size-1 free
+    dims in one operand, none in the other to pair with) and the dot could compute a
+    block of a sequential dot, which the new one could not. lone_units_batched deletes
+    such dims to the sequential dots' counts; taken back into the dot, the two rules
+    would undo each other."""
+    partner = getattr(s, "partner_dots", None)
+    if not partner or not any(_lone_units(q, [s.shape(t) for t in ins])):
+        return False
+    return fits_better(s, (list(op.inputs), op.params), _Dot(ins, q))
+
+
+class _Dot(NamedTuple):
+    """A dot not (yet) in the graph: its operands and params, as fits_better reads an op."""
+
+    inputs: list[int]
+    params: dict
+
+
+def _with_role(p: dict, pair: tuple[int, int], role: str) -> dict:
+    """p with the dim pair (lhs dim, rhs dim) moved to `role` ("batch" or "contract"):
+    among that role's dims by its lhs position when those are in lhs order (as a
+    program's einsum lists them), else last."""
+    q = dict(p)
+    for old in ("batch", "contract"):
+        keep = [i for i, d in enumerate(p[f"lhs_{old}"]) if d != pair[0]]
+        for key in ("lhs", "rhs"):
+            q[f"{key}_{old}"] = tuple(p[f"{key}_{old}"][i] for i in keep)
+    lr, rr = list(q[f"lhs_{role}"]), list(q[f"rhs_{role}"])
+    at = sum(1 for d in lr if d < pair[0]) if lr == sorted(lr) else len(lr)
+    lr.insert(at, pair[0])
+    rr.insert(at, pair[1])
+    q[f"lhs_{role}"], q[f"rhs_{role}"] = tuple(lr), tuple(rr)
+    return q
+
+
+MAX_UNIT_PAIRS = 4   # (two roles each: the 2**n choices are enumerated)
+
+
+def _from_unit_batch(s: "_Simplifier", t: int) -> bool:
+    """Whether t is, through reshapes and transposes, a dot batching over a size-1 dim."""
+    for _ in range(CHAIN_DEPTH + 1):
+        op = s.producer.get(t)
+        if op is not None and op.kind == "dot_general":
+            return 1 in s.shape(op.output)[:len(op.params["lhs_batch"])]
+        if op is None or op.kind not in ("reshape", "transpose"):
+            return False
+        t = op.inputs[0]
+    return False
+
+
+def unit_pairs_as_sequential(s: "_Simplifier", op: Op) -> bool:
+    """A dot's size-1 free pairs (one free dim of each operand, both size 1, paired in
+    order) each batched or contracted as the sequential program's dots are: the first
+    choice (fewest contracted; a free pair is never left free here, see
+    simplify_forms.unit_dims_batched) with which the dot could compute a block of a
+    sequential dot (_fits: its dims by role, sizes dividing), when as it is it could
+    not. Pairs the dot batches already stay batched (micro-batches, once batched, are
+    summed by simplify_accumulate.py). A size-1 pair summed is
+    its one product, batched it is the same product at the one index of a size-1 result
+    dim, and as free dims it is that product at a size-1 dim of each: the result differs
+    by size-1 dims only (reshaped back, simplify_forms._dot_then_unit_reshape). With one
+    head per rank XLA deletes the head dim before the attention output projection
+    ([b*s, e] x [e, D]); taken back into the dot (unit_dims_into_dot) it would be batched
+    by default, where the program contracts (h, e); the KV groups a program batches over
+    stay batched. `s.partner_dots`: the sequential program's dot_roles (None: off)."""
+    partner = getattr(s, "partner_dots", None)
+    if not partner or op.kind != "dot_general" or len(op.inputs) != 2:
+        return False
+    p = op.params
+    shapes = [s.shape(t) for t in op.inputs]
+    if _fits(p, *shapes, partner):
+        return False
+    pairs: list[tuple[tuple[int, int], tuple[str, ...]]] = []   # (pair, roles it may take)
+    free = [[d for d, n in enumerate(shape) if n == 1 and d not in p[f"{key}_batch"]
+             and d not in p[f"{key}_contract"]] for shape, key in zip(shapes, ("lhs", "rhs"))]
+    # contracted only beside a head: an operand a dot batched over a size-1 dim (the
+    # attention output, batched over the rank's one head); a micro-batch's size-1 dim,
+    # a free dim of the dots it went through, stays batched (simplify_accumulate.py sums
+    # the micro-batches' dots)
+    head = any(_from_unit_batch(s, t) for t in op.inputs)
+    pairs += [(pair, ("batch", "contract") if head else ("batch",)) for pair in zip(*free)]
+    if not pairs or len(pairs) > MAX_UNIT_PAIRS:
+        return False
+    choices = sorted(itertools.product(*(roles for _, roles in pairs)),
+                     key=lambda c: sum(r != roles[0] for r, (_, roles) in zip(c, pairs)))
+    for choice in choices:
+        q = p
+        for (pair, _), role in zip(pairs, choice):
+            q = _with_role(q, pair, role)
+        if q != p and _fits(q, *shapes, partner):
+            return s._dot_then_unit_reshape(op, list(op.inputs), q)
     return False
 
 
@@ -155,23 +347,38 @@ class _UnitLayouts(_FormRules):
 
     def bases(self, op: Op):
         """(y, the ops from y's reader to op) for each tensor y that op's chain of
-        reshapes and transposes (at most CHAIN_DEPTH of them) starts from, nearest first."""
+        reshapes, transposes and unit-stride slices (at most CHAIN_DEPTH of them) starts
+        from, nearest first."""
         ops = [op]
         while len(ops) <= CHAIN_DEPTH:
             yield ops[-1].inputs[0], ops[::-1]
             under = self.producer.get(ops[-1].inputs[0])
-            if under is None or under.kind not in ("reshape", "transpose"):
+            if under is None or under.kind not in _CHAIN_KINDS or under.kind == "slice" and any(
+                    n != 1 for n in under.params.get("strides") or ()):
                 return
             ops.append(under)
 
     def _moved(self, y: int, ops: list[Op]) -> np.ndarray:
-        """The index array of y moved by `ops` (reshapes and transposes, in order)."""
+        """The index array of y moved by `ops` (reshapes, transposes and unit-stride
+        slices, in order)."""
         ys = self.shape(y)
         moved = np.arange(int(np.prod(ys, dtype=np.int64))).reshape(ys)
         for o in ops:
-            moved = np.transpose(moved, o.params["permutation"]) if o.kind == "transpose" \
-                else moved.reshape(self.shape(o.output))
+            if o.kind == "slice":
+                moved = moved[tuple(slice(a, b) for a, b in zip(o.params["start_indices"],
+                                                                 o.params["limit_indices"]))]
+            else:
+                moved = np.transpose(moved, o.params["permutation"]) if o.kind == "transpose" \
+                    else moved.reshape(self.shape(o.output))
         return moved
+
+    def _box(self, y: int, moved: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """The (start, limit) of the box of y whose elements `moved` holds, when they are
+        exactly one box (else None)."""
+        at = np.unravel_index(moved.ravel(), self.shape(y))
+        lo = tuple(int(a.min()) for a in at)
+        hi = tuple(int(a.max()) + 1 for a in at)
+        return (lo, hi) if math.prod(b - a for a, b in zip(lo, hi)) == moved.size else None
 
     def _form(self, ys: tuple[int, ...], out: tuple[int, ...], t: _Target) -> tuple[int, ...] | None:
         """The shape between the two ops when a tensor of shape ys goes to `out` in t's
@@ -197,7 +404,12 @@ class _UnitLayouts(_FormRules):
                             == t.perm and t.first == near[0].kind for t in self.targets):
                 return False                       # (already so written)
         for y, ops in reversed(chains):            # (the longest chain first)
-            ys = self.shape(y)
+            box = None                             # (the part of y a slice in the chain keeps)
+            if any(o.kind == "slice" for o in ops):
+                box = self._box(y, self._moved(y, ops))
+                if box is None:
+                    continue
+            ys = self.shape(y) if box is None else tuple(b - a for a, b in zip(*box))
             if 1 not in ys and 1 not in out:
                 continue
             moved = None
@@ -205,13 +417,19 @@ class _UnitLayouts(_FormRules):
                 c = self._form(ys, out, t)
                 if c is None:
                     continue
-                index = np.arange(math.prod(ys)).reshape(ys)
+                index = np.arange(math.prod(self.shape(y))).reshape(self.shape(y))
+                if box is not None:
+                    index = index[tuple(slice(a, b) for a, b in zip(*box))]
                 form = np.transpose(index.reshape(c), t.perm) if t.first == "reshape" \
                     else np.transpose(index, t.perm).reshape(out)
                 moved = self._moved(y, ops) if moved is None else moved
                 if not np.array_equal(form, moved):
                     continue
                 dtype = self.g.tensors[op.output].dtype
+                if box is not None:                # (a slice first, then the program's pair)
+                    y = self.new_op("slice", [y], ys, dtype,
+                                    {"start_indices": box[0], "limit_indices": box[1],
+                                     "strides": None}, ops[0])
                 if t.first == "reshape":
                     x = self.new_op("reshape", [y], c, dtype, {}, ops[0])
                     self.new_op("transpose", [x], out, dtype, {"permutation": t.perm}, op,
@@ -270,9 +488,18 @@ class _UnitLayouts(_FormRules):
         return changed
 
 
+_POST_PASSES = 4   # (a dot's operand deleted in one pass is a chain the next one writes)
+
+
 def unit_layouts_as_sequential(seq: Graph, dist: Graph, ids: IdAllocator) -> bool:
     """Rewrite `dist` in place (see the module docstring); whether anything changed."""
-    return _UnitLayouts(dist, ids, seq).run()
+    changed = False
+    for _ in range(_POST_PASSES):
+        if not _UnitLayouts(dist, ids, seq).run():
+            break
+        changed = True
+    return changed
 
 
-__all__ = ["dot_roles", "lone_units_batched", "unit_layouts_as_sequential"]
+__all__ = ["dot_roles", "fits_better", "keeps_lone_units_out", "keeps_unit_pairs_free",
+           "lone_units_batched", "unit_layouts_as_sequential", "unit_pairs_as_sequential"]

@@ -94,6 +94,120 @@ def test_a_lone_size_1_free_dim_is_deleted_as_the_sequential_dots_have_none():
     assert g.tensors[dot.inputs[0]].shape == (2, 3, 4)
 
 
+# ------------------------------------------------------------------ size-1 pairs: batch or contract
+
+def _projection_with_units(b, p, v, w):
+    """o = p v batched over (b, the rank's one head), [b, 1, s, e], times w [1, e, n], the
+    two size-1 dims free (as unit_dims_into_dot takes XLA's deleted head dim back)."""
+    o = _dot(b, p, v, (2, 1, 3, 4), (3,), (2,), (0, 1), (0, 1))
+    return _dot(b, o, w, (2, 1, 3, 1, 5), (3,), (1,))
+
+
+PROJ_SHAPES = [(2, 1, 3, 3), (2, 1, 3, 4), (1, 4, 5)]
+
+
+def _contracted_heads(b, o, w):
+    """The program's output projection: (h, e) contracted."""
+    return _dot(b, o, w, (2, 3, 5), (2, 3), (0, 1))
+
+
+def _batched_heads(b, o, w):
+    """A program batching over the heads (KV groups) instead."""
+    return _dot(b, o, w, (2, 2, 3, 5), (3,), (1,), (2,), (0,))
+
+
+def _free_heads(b, o, w):
+    """A program keeping both dims free (query slots beside KV slots), o [b, h, s, e]."""
+    return _dot(b, o, w, (2, 2, 3, 2, 5), (3,), (1,))
+
+
+@pytest.mark.parametrize("partner_build, partner_shapes, roles", [
+    (_contracted_heads, [(2, 3, 2, 4), (2, 4, 5)], (0, 2)),      # contracted, as the program
+    (_batched_heads, [(2, 3, 2, 4), (2, 4, 5)], (1, 1)),         # batched, as the program
+    (_free_heads, [(2, 2, 3, 4), (2, 4, 5)], (0, 1)),            # left free, as the program
+    (None, None, (1, 1)),                                        # no partner: batched
+])
+def test_a_size_1_pair_takes_the_sequential_dots_role(partner_build, partner_shapes, roles):
+    partner = None if partner_build is None else _partner(partner_build, partner_shapes)
+    g, ids = _graph(_projection_with_units, PROJ_SHAPES)
+    before = copy.deepcopy(g)
+    simplify_graph(g, ids, partner=partner)
+    _same_values(before, g, PROJ_SHAPES)
+    dot = _dots(g)[-1]                                     # (the projection)
+    assert (len(dot.params["lhs_batch"]), len(dot.params["lhs_contract"])) == roles
+    assert not simplify_graph(g, ids, partner=partner)      # a fixpoint
+
+
+def test_a_micro_batch_pair_apart_from_the_contraction_stays_batched():
+    # x^T [1 (a micro-batch), d, b] and dh [b, 1, f]: the size-1 pair does not sit next to
+    # the contracted b in x^T; the program's weight gradient contracts (micro-batches, b)
+    # in one dot, the rank sums its micro-batches' dots (simplify_accumulate.py): batched
+    partner = _partner(lambda b, x, g: _dot(b, x, g, (3, 5), (0, 2), (1, 0)), [(4, 3, 2), (2, 4, 5)])
+    shapes = [(1, 3, 2), (2, 1, 5)]
+    g, ids = _graph(lambda b, x, h: _dot(b, x, h, (1, 3, 1, 5), (2,), (0,)), shapes)
+    before = copy.deepcopy(g)
+    simplify_graph(g, ids, partner=partner)
+    _same_values(before, g, shapes)
+    (dot,) = _dots(g)
+    assert len(dot.params["lhs_batch"]) == 1 and len(dot.params["lhs_contract"]) == 1
+
+
+def test_a_sized_pair_is_never_contracted_for_the_program():
+    # the rule's twin: a pair of size 2 free in both operands contracted would sum what the
+    # dot keeps apart (no identity): the rule takes size-1 pairs only, whatever the program
+    partner = _partner(_contracted_heads, [(2, 3, 2, 4), (2, 4, 5)])
+    shapes = [(2, 3, 2, 4), (2, 4, 5)]
+    g, ids = _graph(lambda b, o, w: _dot(b, o, w, (2, 3, 2, 2, 5), (3,), (1,)), shapes)
+    simplify_graph(g, ids, partner=partner)
+    (dot,) = _dots(g)
+    assert len(dot.params["lhs_contract"]) == 1
+
+
+def test_lone_size_1_dims_are_batched_and_deleted_to_the_sequential_dots():
+    # q [b, s, 1 (a query slot of a fused QKV), 1 (the rank's head), d], k [b, d, t] (no
+    # head dim): one size-1 dim batched (a size-1 dim inserted into k), the other deleted
+    partner = _partner(_batched_scores, [(2, 2, 3, 4), (2, 2, 5, 4)])
+    shapes = [(2, 3, 1, 1, 4), (2, 4, 5)]
+    g, ids = _graph(lambda b, q, k: _dot(b, q, k, (2, 3, 1, 1, 5), (4,), (1,), (0,), (0,)),
+                    shapes)
+    before = copy.deepcopy(g)
+    simplify_graph(g, ids, partner=partner)
+    unit_layouts_as_sequential(partner, g, ids)
+    _same_values(before, g, shapes)
+    (dot,) = _dots(g)
+    assert dot_roles(g) <= dot_roles(partner) and len(dot.params["lhs_batch"]) == 2
+
+
+def _pv_then_weight_gradient(b, p, v, dy, h):
+    """o = p v batched over (b, h), [b, h, s, k]; the weight gradient dy^T o over (b, s):
+    the program keeps h ([d, h, k]); a rank with h = 1 reads o with h deleted."""
+    o = _dot(b, p, v, (2, h, 3, 4), (3,), (2,), (0, 1), (0, 1))
+    if h == 1:
+        r = b.op("reshape", [o], (2, 3, 4), "float32")
+        return _dot(b, dy, r, (5, 4), (1, 2), (0, 1))
+    t = b.op("transpose", [o], (2, 3, h, 4), "float32", {"permutation": (0, 2, 1, 3)})
+    return _dot(b, dy, t, (5, h, 4), (1, 2), (0, 1))
+
+
+def test_a_deleted_head_is_taken_into_the_dot_where_the_program_keeps_it():
+    # unit_dims_into_dot keeps a head the dot computing o batched out of a dot contracting
+    # its neighbours (the program's flattened [h*e] contraction, one head per rank); the
+    # program's weight gradient keeps h free, so the dot reads o with it
+    partner = _partner(lambda b, p, v, dy: _pv_then_weight_gradient(b, p, v, dy, 2),
+                       [(2, 2, 3, 3), (2, 2, 3, 4), (5, 2, 3)])
+    shapes = [(2, 1, 3, 3), (2, 1, 3, 4), (5, 2, 3)]
+    g, ids = _graph(lambda b, p, v, dy: _pv_then_weight_gradient(b, p, v, dy, 1), shapes)
+    before = copy.deepcopy(g)
+    simplify_graph(g, ids, partner=partner)
+    _same_values(before, g, shapes)
+    assert any(len(op.params["lhs_contract"]) == 2 and 1 in g.tensors[op.inputs[1]].shape
+               for op in _dots(g))
+    g, ids = _graph(lambda b, p, v, dy: _pv_then_weight_gradient(b, p, v, dy, 1), shapes)
+    simplify_graph(g, ids)                                   # (no partner: kept out)
+    assert not any(len(op.params["lhs_contract"]) == 2 and 1 in g.tensors[op.inputs[1]].shape
+                   for op in _dots(g))
+
+
 # ------------------------------------------------------------------ layout chains
 
 def _seq_split_then_transpose(b, x):
@@ -131,6 +245,42 @@ def test_a_chain_moving_size_1_dims_is_written_as_the_program_moves_them(
     _same_values(before, g, [dist_shape])
     assert [op.kind for op in g.ops if op.kind in ("reshape", "transpose")][-2:] == kinds
     assert not unit_layouts_as_sequential(seq, g, ids)        # already so written
+
+
+def test_a_slice_in_a_chain_is_taken_first_as_the_program_slices():
+    # the program slices a query slot of [s, 3, g, d], deletes it, moves the heads first;
+    # the rank (g = 1) transposes, then slices, then deletes the two size-1 dims
+    def seq_build(b, x):
+        sl = b.op("slice", [x], (3, 1, 2, 4), "float32", {"start_indices": (0, 1, 0, 0),
+                  "limit_indices": (3, 2, 2, 4), "strides": None})
+        r = b.op("reshape", [sl], (3, 2, 4), "float32")
+        return b.op("transpose", [r], (2, 3, 4), "float32", {"permutation": (1, 0, 2)})
+
+    def dist_build(b, y):
+        t = b.op("transpose", [y], (3, 3, 1, 4), "float32", {"permutation": (1, 0, 2, 3)})
+        sl = b.op("slice", [t], (1, 3, 1, 4), "float32", {"start_indices": (1, 0, 0, 0),
+                  "limit_indices": (2, 3, 1, 4), "strides": (1, 1, 1, 1)})
+        return b.op("reshape", [sl], (1, 3, 4), "float32")
+    seq, _ = _graph(seq_build, [(3, 3, 2, 4)])
+    g, ids = _graph(dist_build, [(3, 3, 1, 4)])
+    before = copy.deepcopy(g)
+    assert unit_layouts_as_sequential(seq, g, ids)
+    _same_values(before, g, [(3, 3, 1, 4)])
+    assert [op.kind for op in g.ops][-3:] == ["slice", "reshape", "transpose"]
+    assert not unit_layouts_as_sequential(seq, g, ids)        # already so written
+
+
+def test_a_slice_in_a_chain_of_another_part_is_left():
+    # the twin: the slice takes query slot 2 where the program's form would need the
+    # elements of one box; a strided slice is no box and is left
+    seq, _ = _graph(lambda b, x: b.op("transpose", [b.op("reshape", [b.op(
+        "slice", [x], (3, 1, 2, 4), "float32", {"start_indices": (0, 1, 0, 0), "limit_indices":
+                                                (3, 2, 2, 4), "strides": None})], (3, 2, 4),
+        "float32")], (2, 3, 4), "float32", {"permutation": (1, 0, 2)}), [(3, 3, 2, 4)])
+    g, ids = _graph(lambda b, y: b.op("reshape", [b.op("slice", [y], (2, 3, 1, 4), "float32", {
+        "start_indices": (0, 0, 0, 0), "limit_indices": (3, 3, 1, 4), "strides": (2, 1, 1, 1)})],
+        (2, 3, 4), "float32"), [(3, 3, 1, 4)])
+    assert not unit_layouts_as_sequential(seq, g, ids)
 
 
 def test_a_chain_placing_elements_otherwise_is_left():
