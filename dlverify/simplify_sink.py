@@ -4,7 +4,7 @@ data (more of the algebraic normal form of dlverify/simplify.py, whose
 
 One order for the layout ops around a dot, whichever side writes them where:
 a dot reads its operands' free dims unmerged, and the reshape that merges them
-comes after the dot (sink_dot_reshape in simplify.py). The sequential program
+comes after the dot (sink_dot_reshape in simplify_reshapes.py). The sequential program
 merges a weight gradient's (heads, head_dim) before its dot and transposes the
 merged operand; the partitioner contracts them unmerged and merges after its
 all-reduce; an FSDP step gathers the merged heads of each rank. So a reshape
