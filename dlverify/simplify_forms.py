@@ -337,7 +337,7 @@ class _FormRules(_Rewriter):
         along a longer one is not the form the rules read, a splat is): XLA
         deletes the size-1 group dim of a rank's block before broadcasting it
         back. Not a reshape to a scalar: a broadcast of a scalar is the splat form
-        the rules read (simplify.sink_reshape's), whatever size-1 dims the result has
+        the rules read (simplify_reshapes.sink_reshape's), whatever size-1 dims the result has
         (a clamp's bound on a take_along_axis's [b, s, 1] labels)."""
         if op.kind != "broadcast_in_dim":
             return False
