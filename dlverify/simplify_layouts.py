@@ -273,14 +273,9 @@ class _LayoutRules(_Rewriter):
         q["lhs_batch"] = q["rhs_batch"] = tuple(range(nb))
         lhs_b, rhs_b = [lb[j] for j in batch], [rb[j] for j in batch]
         lhs_f, rhs_f = [lfree[j - nb] for j in left], [rfree[j - nb - nl] for j in right]
-        # (splitting a transpose that interleaves the free dims re-orients the dot: an
-        # operand that is a transpose already is then the layout the program wrote for
-        # it, so the new transpose, which composes with it, takes its source and a wrong
-        # permutation there is reported where it was written. Otherwise the outer
-        # transpose's: its frames are the ones a fused dot without metadata is located
-        # by, at its neighbours' shared frames, diagnosis_origin._shared_caller)
-        interleaved = free != [g for g in gorder if greg[g]]
-        lsite, rsite = ((self._site_of_operand(t, op) if interleaved else op) for t in d.inputs)
+        # (an operand that is a transpose already: the new one composes with it and takes
+        # its source, so a wrong permutation there is reported where it was written)
+        lsite, rsite = (self._site_of_operand(t, op) for t in d.inputs)
         if swap:      # rhs first: its free dims in lhs position (batch, free, contracted)
             lhs = self._transposed(d.inputs[1], rhs_b + rhs_f + rc, rsite)
             rhs = self._transposed(d.inputs[0], lhs_b + lc + lhs_f, lsite)
