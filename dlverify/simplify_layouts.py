@@ -273,16 +273,13 @@ class _LayoutRules(_Rewriter):
         q["lhs_batch"] = q["rhs_batch"] = tuple(range(nb))
         lhs_b, rhs_b = [lb[j] for j in batch], [rb[j] for j in batch]
         lhs_f, rhs_f = [lfree[j - nb] for j in left], [rfree[j - nb - nl] for j in right]
-        # (an operand that is a transpose already: the new one composes with it and takes
-        # its source, so a wrong permutation there is reported where it was written)
-        lsite, rsite = (self._site_of_operand(t, op) for t in d.inputs)
         if swap:      # rhs first: its free dims in lhs position (batch, free, contracted)
-            lhs = self._transposed(d.inputs[1], rhs_b + rhs_f + rc, rsite)
-            rhs = self._transposed(d.inputs[0], lhs_b + lc + lhs_f, lsite)
+            lhs = self._transposed(d.inputs[1], rhs_b + rhs_f + rc, op)
+            rhs = self._transposed(d.inputs[0], lhs_b + lc + lhs_f, op)
             q["lhs_contract"] = tuple(range(len(rshape) - nc, len(rshape)))
         else:
-            lhs = self._transposed(d.inputs[0], lhs_b + lhs_f + lc, lsite)
-            rhs = self._transposed(d.inputs[1], rhs_b + rc + rhs_f, rsite)
+            lhs = self._transposed(d.inputs[0], lhs_b + lhs_f + lc, op)
+            rhs = self._transposed(d.inputs[1], rhs_b + rc + rhs_f, op)
             q["lhs_contract"] = tuple(range(len(lshape) - nc, len(lshape)))
         q["rhs_contract"] = tuple(range(nb, nb + nc))
         dtype = self.g.tensors[d.output].dtype
@@ -332,12 +329,6 @@ class _LayoutRules(_Rewriter):
             o.inputs[side] == t and moved & set(o.params[f"{key}_contract"])
             and not _standard_operand(o.params, key, len(self.shape(t)))
             for side, key in ((0, "lhs"), (1, "rhs")))
-
-    def _site_of_operand(self, x: int, default: Op) -> Op:
-        """The op whose source a transpose of x is reported at: x's own transpose, if
-        x is one, else `default`."""
-        p = self.producer.get(x)
-        return p if p is not None and p.kind == "transpose" else default
 
     def _transposed(self, x: int, order: list[int], like: Op) -> int:
         """x transposed so that its dim k is x's dim order[k] (x itself for the identity)."""
