@@ -24,14 +24,10 @@ dot takes a transpose it can compute whole:
   dims and a transpose moving the batch dims is left: transpose(dot', R) (Ulysses:
   the program's dq^T = k^T ds^T transposed to [q, h, d], where XLA computes
   dq = ds k as [h, q, d] and transposes it alike). A transpose interleaving the
-  operands' sized free dims is split too, into the dot' whose lhs is the operand P
-  reads first, free dims in P's order, and the transpose left: one orientation per
-  dot (JAX's grouped attention output v^T p^T and the program's p v, both transposed
-  to [b, q, k, g, j] for the output projection, tests/test_dot_orientation.py). One
-  interleaving them by a size-1 dim alone stays: the split would be read off where
-  one side's size-1 dim is the other's sized batch dim (XLA's one expert per rank),
-  and the sides would split it differently. Nor is a transpose split while its
-  readers all take its layout into their own (a transpose composing the two; a dot contracting one of its batch dims,
+  operands' free dims (size-1 ones too) stays: its split would be read off where
+  one side's size-1 dim is the other's sized dim, and the sides would split it
+  differently. Nor is a transpose split while its readers all take its layout into
+  their own (a transpose composing the two; a dot contracting one of its batch dims,
   whose operand order simplify.dot_layout composes with it): the composition is split
   as a whole or stays, as the other side's single transpose does. A reader that
   reads it as it is (a dot in dot_layout's order, anything else) keeps the value in
@@ -246,18 +242,14 @@ class _LayoutRules(_Rewriter):
         gorder = [g for want in ((0, 2, 1) if swap else (0, 1, 2)) for g in perm
                   if greg[g] == want]
         free = [g for g in perm if greg[g]]
-        # P's free dims interleaved by a size-1 dim alone (its sized ones one operand's,
-        # then the other's): XLA's rank's one expert, a free dim there, which the program
-        # batches; the sides would order it differently in dot', so it stays
-        by_units = free != [g for g in gorder if greg[g]] and [
-            g for g in free if mid[g] != 1] == [g for g in gorder if greg[g] and mid[g] != 1]
         if [g for g in perm if mid[g] != 1] == sorted(g for g in perm if mid[g] != 1) or (
-                gorder != perm and (by_units or gorder == sorted(gorder))):
+                gorder != perm and (free != [g for g in gorder if greg[g]]
+                                    or gorder == sorted(gorder))):
             # Moving size-1 dims only moves no element: nothing to take. A transpose the
-            # dot cannot compute whole is split into dot' (the operand P reads a sized
-            # free dim of first as lhs; batch and free dims in P's order) and what is
-            # left: one orientation per dot whichever operand order a side wrote (JAX's
-            # v^T p^T, the program's p v, both transposed to [b, q, k, g, j]).
+            # dot cannot compute whole is split only when what is left moves batch dims
+            # alone, P's free dims (size-1 ones too) already one operand's, then the
+            # other's: interleaved free dims are read off where one side's size-1 dim
+            # is the other's sized dim, and the two sides would split them differently.
             return False
         whole = gorder == perm
         if not whole and self._composed_by_reader(
