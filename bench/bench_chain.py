@@ -110,6 +110,8 @@ def main() -> int:
                     help="another rule set (a datalog/ folder) to compare with the installed one")
     ap.add_argument("--json", action="store_true", help="one JSON object per length")
     args = ap.parse_args()
+    if args.scaled and args.frontend != "jax":
+        ap.error("--scaled applies to the JAX chain (--frontend jax); the HLO chain has its constant")
     ok = True
     for n in args.ops:
         r = run(n, args.frontend, args.engine, args.window, args.scaled, args.rules_dir)
