@@ -78,6 +78,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from dlverify.dot_orientation import PartnerLayouts
 from dlverify.ir import FoldedOp, Graph, IdAllocator, Op
 from dlverify.rewrites import _drop_newly_dead, _unused
 from dlverify.simplify_accumulate import accumulate_forms
@@ -391,6 +392,7 @@ def simplify_graph(graph: Graph, ids: IdAllocator, assumptions: list[str] | None
     whether sums of dots become one dot (simplify_accumulate.py; not once a sum's
     contracted concatenation was split, rewrites.split_contracted_concatenations)."""
     partner_dots = dot_roles(partner) if partner is not None else None
+    partner_layouts = PartnerLayouts(partner) if partner is not None else None
     unused = _unused(graph)
     changed = False
     alias: dict[int, int] = {}      # every pass's: tensor -> the tensor now holding its value
@@ -402,6 +404,7 @@ def simplify_graph(graph: Graph, ids: IdAllocator, assumptions: list[str] | None
             simplifier = _Simplifier(graph, ids, assumptions)
             simplifier.late = late
             simplifier.partner_dots = partner_dots
+            simplifier.partner_layouts = partner_layouts
             simplifier.merge_sums = merge_sums
             if not simplifier.run():
                 break

@@ -24,9 +24,17 @@ dot takes a transpose it can compute whole:
   dims and a transpose moving the batch dims is left: transpose(dot', R) (Ulysses:
   the program's dq^T = k^T ds^T transposed to [q, h, d], where XLA computes
   dq = ds k as [h, q, d] and transposes it alike). A transpose interleaving the
-  operands' free dims (size-1 ones too) stays: its split would be read off where
-  one side's size-1 dim is the other's sized dim, and the sides would split it
-  differently. Nor is a transpose split while its readers all take its layout into
+  operands' sized free dims is split too, into the dot' whose lhs is the operand P
+  reads a sized free dim of first, free dims in P's order, and the transpose left:
+  one orientation per dot (JAX's grouped attention output v^T p^T and the program's
+  p v, both transposed to [b, q, k, g, j] for the output projection). One
+  interleaving them by a size-1 dim alone stays (XLA's one expert per rank, which
+  the program batches). Where a rank's block of a dim has size 1 and the program's is
+  sized (one head per rank), the distributed side reads the dims otherwise; there
+  it takes the form (either orientation, or the transpose left) that the sequential
+  program's normal form holds when its default is none it holds
+  (dlverify/dot_orientation.py, tests/test_dot_orientation.py). Nor is a transpose
+  split while its readers all take its layout into
   their own (a transpose composing the two; a dot contracting one of its batch dims,
   whose operand order simplify.dot_layout composes with it): the composition is split
   as a whole or stays, as the other side's single transpose does. A reader that
@@ -69,6 +77,7 @@ not fire.
 from __future__ import annotations
 
 
+from dlverify.dot_orientation import Form, dot_sizes
 from dlverify.ir import Op
 from dlverify.ops.table import KINDS, Family
 from dlverify.rewrites import _Rewriter
@@ -92,6 +101,9 @@ class _LayoutRules(_Rewriter):
     """The rules above, for `_Simplifier` (dlverify/simplify.py) to run in its pass."""
 
     late = False     # whether these rules run (see the module docstring)
+    # the sequential program's dots and transposed dots (dlverify/dot_orientation.py),
+    # on the distributed graph only (None: the sequential one)
+    partner_layouts = None
     _readers: dict[int, list[Op]] | None = None     # (`readers`', once per pass)
 
     def layouts(self, op: Op) -> bool:
@@ -234,44 +246,55 @@ class _LayoutRules(_Rewriter):
             greg.append(regs.pop())
         perm = list(op.params["permutation"])
         mid = self.shape(r.output) if r is not None else dshape
+        if [g for g in perm if mid[g] != 1] == sorted(g for g in perm if mid[g] != 1):
+            return False          # (moving size-1 dims only moves no element: nothing to take)
         # Size-1 dims hold one position: where a side puts one says nothing (XLA moves
         # a rank's batch of one to the front), so the sized free dims alone decide
         # the swap; each size-1 dim keeps its place among its region's dims.
         frees = [g for g in perm if greg[g] and mid[g] != 1]
         swap = bool(frees) and greg[frees[0]] == 2
-        gorder = [g for want in ((0, 2, 1) if swap else (0, 1, 2)) for g in perm
-                  if greg[g] == want]
-        free = [g for g in perm if greg[g]]
-        if [g for g in perm if mid[g] != 1] == sorted(g for g in perm if mid[g] != 1) or (
-                gorder != perm and (free != [g for g in gorder if greg[g]]
-                                    or gorder == sorted(gorder))):
-            # Moving size-1 dims only moves no element: nothing to take. A transpose the
-            # dot cannot compute whole is split only when what is left moves batch dims
-            # alone, P's free dims (size-1 ones too) already one operand's, then the
-            # other's: interleaved free dims are read off where one side's size-1 dim
-            # is the other's sized dim, and the two sides would split them differently.
+        plan = swap, self._split_order(perm, greg, mid, swap, units_stay=True)
+        partner = getattr(self, "partner_layouts", None)
+        if partner is not None and not partner.holds(self._form_of(d, groups, region, mid, perm,
+                                                                   *plan)):
+            # where a rank's size-1 dim is the program's sized one, the transpose may read
+            # the other operand's sized free dim first, or interleave the free dims by
+            # that size-1 dim alone: the form the program's normal form holds
+            # (dlverify/dot_orientation.py), when the default is none it holds
+            others = [(s, self._split_order(perm, greg, mid, s, units_stay=False))
+                      for s in (swap, not swap)] + [(swap, None)]
+            plan = next((o for o in others if o != plan and partner.holds(
+                self._form_of(d, groups, region, mid, perm, *o))), plan)
+        swap, gorder = plan
+        if gorder is None:
             return False
         whole = gorder == perm
         if not whole and self._composed_by_reader(
                 op.output, {k for k, g in enumerate(perm) if greg[g] == 0}):
             return False    # (composed with its reader first: see the module docstring)
         residual = [gorder.index(g) for g in perm]      # the transpose left after dot'
-        # the dot's dims region by region, in their runs' new order
-        batch, left, right = ([i for g in gorder for i in groups[g] if region[i] == want]
-                              for want in (0, 1, 2))
+        batch, left, right = self._regions_in(gorder, groups, region)
         order = batch + (right + left if swap else left + right)
         nc = len(lc)
         q = dict(p)
         q["lhs_batch"] = q["rhs_batch"] = tuple(range(nb))
         lhs_b, rhs_b = [lb[j] for j in batch], [rb[j] for j in batch]
         lhs_f, rhs_f = [lfree[j - nb] for j in left], [rfree[j - nb - nl] for j in right]
+        # (splitting a transpose that interleaves the free dims re-orients the dot: an
+        # operand that is a transpose already is then the layout the program wrote for
+        # it, so the new transpose, which composes with it, takes its source and a wrong
+        # permutation there is reported where it was written. Otherwise the outer
+        # transpose's: its frames are the ones a fused dot without metadata is located
+        # by, at its neighbours' shared frames, diagnosis_origin._shared_caller)
+        interleaved = [g for g in perm if greg[g]] != [g for g in gorder if greg[g]]
+        lsite, rsite = ((self._site_of_operand(t, op) if interleaved else op) for t in d.inputs)
         if swap:      # rhs first: its free dims in lhs position (batch, free, contracted)
-            lhs = self._transposed(d.inputs[1], rhs_b + rhs_f + rc, op)
-            rhs = self._transposed(d.inputs[0], lhs_b + lc + lhs_f, op)
+            lhs = self._transposed(d.inputs[1], rhs_b + rhs_f + rc, rsite)
+            rhs = self._transposed(d.inputs[0], lhs_b + lc + lhs_f, lsite)
             q["lhs_contract"] = tuple(range(len(rshape) - nc, len(rshape)))
         else:
-            lhs = self._transposed(d.inputs[0], lhs_b + lhs_f + lc, op)
-            rhs = self._transposed(d.inputs[1], rhs_b + rc + rhs_f, op)
+            lhs = self._transposed(d.inputs[0], lhs_b + lhs_f + lc, lsite)
+            rhs = self._transposed(d.inputs[1], rhs_b + rc + rhs_f, rsite)
             q["lhs_contract"] = tuple(range(len(lshape) - nc, len(lshape)))
         q["rhs_contract"] = tuple(range(nb, nb + nc))
         dtype = self.g.tensors[d.output].dtype
@@ -293,6 +316,50 @@ class _LayoutRules(_Rewriter):
             self.new_op("transpose", [value], self.shape(op.output), dtype,
                         {"permutation": tuple(residual)}, op, output=op.output)
         return True
+
+    @staticmethod
+    def _split_order(perm: list[int], greg: list[int], mid: tuple[int, ...],
+                     swap: bool, units_stay: bool) -> list[int] | None:
+        """The order of the groups of dims dot' computes (batch, the lhs' free, the
+        rhs' free; the rhs' first when `swap`, each in P's order), or None when the
+        transpose stays: dot' would be the dot itself, or (`units_stay`) P interleaves
+        the free dims by a size-1 dim alone (its sized ones one operand's, then the
+        other's: XLA's rank's one expert, a free dim there, which the program batches;
+        the sides would order it differently in dot')."""
+        gorder = [g for want in ((0, 2, 1) if swap else (0, 1, 2)) for g in perm
+                  if greg[g] == want]
+        free = [g for g in perm if greg[g]]
+        by_units = free != [g for g in gorder if greg[g]] and [
+            g for g in free if mid[g] != 1] == [g for g in gorder if greg[g] and mid[g] != 1]
+        if gorder != perm and (units_stay and by_units or gorder == sorted(gorder)):
+            return None
+        return gorder
+
+    @staticmethod
+    def _regions_in(gorder: list[int], groups: list[list[int]],
+                    region: list[int]) -> tuple[list[int], ...]:
+        """The dot's dims region by region (batch, lhs free, rhs free), in their runs'
+        order `gorder`."""
+        return tuple([i for g in gorder for i in groups[g] if region[i] == want]
+                     for want in (0, 1, 2))
+
+    def _form_of(self, d: Op, groups: list[list[int]], region: list[int],
+                 mid: tuple[int, ...], perm: list[int], swap: bool,
+                 gorder: list[int] | None) -> Form:
+        """The Form (dlverify/dot_orientation.py) the dot d transposed by perm takes
+        with the plan (swap, gorder): dot' and the transpose left, or d and perm."""
+        dshape = self.shape(d.output)
+        lshape = self.shape(d.inputs[0])
+        contract = tuple(lshape[k] for k in d.params["lhs_contract"])
+        if gorder is None:
+            return Form(dot_sizes(d.params, lshape, self.shape(d.inputs[1])), len(mid),
+                        tuple(perm))
+        batch, left, right = self._regions_in(gorder, groups, region)
+        first, second = (right, left) if swap else (left, right)
+        sizes = tuple(tuple(dshape[i] for i in dims) for dims in (batch, first, second))
+        residual = tuple(gorder.index(g) for g in perm)
+        return Form((*sizes, contract), len(mid),
+                    None if residual == tuple(range(len(residual))) else residual)
 
     def readers(self, t: int) -> list[Op]:
         """The ops that read t as the pass began (a tensor made in this pass has none)."""
@@ -321,6 +388,12 @@ class _LayoutRules(_Rewriter):
             o.inputs[side] == t and moved & set(o.params[f"{key}_contract"])
             and not _standard_operand(o.params, key, len(self.shape(t)))
             for side, key in ((0, "lhs"), (1, "rhs")))
+
+    def _site_of_operand(self, x: int, default: Op) -> Op:
+        """The op whose source a transpose of x is reported at: x's own transpose, if
+        x is one, else `default`."""
+        p = self.producer.get(x)
+        return p if p is not None and p.kind == "transpose" else default
 
     def _transposed(self, x: int, order: list[int], like: Op) -> int:
         """x transposed so that its dim k is x's dim order[k] (x itself for the identity)."""
