@@ -17,15 +17,21 @@ operand in the producers' layout:
 * transpose(f(x_1, .., x_n)) for an elementwise f of several tensors (broadcasts
   among them) is f(transpose(x_1), .., transpose(x_n)), splats taken at the new shape
   (one tensor and splats: simplify_layouts.transpose_into_elementwise), when the
-  transpose, moved on through f's elementwise ops and pads, is taken somewhere (by a
-  broadcast: a batch statistic's, or by a transpose it composes with) and otherwise
-  comes to rest on dots that do not compute that order whole (an NHWC convolution's
-  taps read as NCHW), and no dot reads the transposed value (the dot takes its layout
-  into its own operand order: attention's probabilities transposed for p @ v stay as
-  they are). Into a dot that takes it, or onto a parameter, a collective or index
-  arithmetic, it would change which transposes the dots and their readers see on one
-  side only (a rank-2 MLP's gradients then swap dot after dot, pass after pass; a
-  MoE gate's one-hot masks);
+  transpose, moved on through f's elementwise ops and pads, either composes with a
+  transpose somewhere and comes to rest nowhere else but on broadcasts and dots, or
+  is taken by a broadcast (a batch statistic's) and otherwise comes to rest on dots
+  that do not compute that order whole (an NHWC convolution's taps read as NCHW);
+  and, where it rests on such dots, no dot reads the transposed value (the dot takes
+  its layout into its own operand order: attention's probabilities transposed for
+  p @ v stay as they are). Into a dot that takes it, or onto a parameter, a
+  collective or index arithmetic, it would change which transposes the dots and
+  their readers see on one side only (a rank-2 MLP's gradients then swap dot after
+  dot, pass after pass; a MoE gate's one-hot masks, whose transposes come to rest on
+  broadcasts alone). f's operands may be masks computed from values (a relu's
+  y > 0, read by its gradient's select, compares floats): the transpose goes into
+  the comparison as into any elementwise op; never into a mask of indices (eq of
+  iotas and ids). So the program's relu gradient, transposed from its NCHW layout
+  to the NHWC one its kernel gradient's dots read, is XLA's NHWC one;
 * transpose(broadcast_in_dim(x, dims)) by P is broadcast_in_dim(x', dims'), x' the
   transpose of x that keeps its dims in the order P puts them (none when it is
   already), dims' their new places;
@@ -127,16 +133,21 @@ def transpose_into_elementwise_of_many(s: "_Simplifier", op: Op) -> bool:
     if sum(1 for v in scalars if v is None) < 2:
         return False        # (one tensor: simplify_layouts.transpose_into_elementwise)
     perm, shape = _perm(op), s.shape(op.output)
-    if _read_by_dot(s, op.output):
-        return False        # (left to the dot that reads it: simplify_layouts)
-    if not _enters(_way(s, op.inputs[0], perm, {})):
-        return False        # (it stays where it is: on f's result)
-    ins = [s._transposed(t, perm, op) if v is None else
+    way = _way(s, op.inputs[0], perm, {})
+    if not _enters(way) or ("dot" in way and _read_by_dot(s, op.output)):
+        return False        # (it stays where it is: on f's result, or for the dot that reads it)
+    ins = [_moved(s, t, perm, op) if v is None else
            s.new_op("broadcast_in_dim", [v], shape, s.g.tensors[t].dtype,
                     {"broadcast_dimensions": ()}, s.producer[t])
            for t, v in zip(e.inputs, scalars)]
     s.new_op(e.kind, ins, shape, s.g.tensors[op.output].dtype, e.params, e, output=op.output)
     return True
+
+
+def _moved(s: "_Simplifier", t: int, perm: list[int], like: Op) -> int:
+    """Operand t of the elementwise op a transpose by perm moves into, transposed by
+    perm (a value or a mask of values alike: each position keeps its partners)."""
+    return s._transposed(t, perm, like)
 
 
 def _read_by_dot(s: "_Simplifier", t: int) -> bool:
@@ -171,9 +182,10 @@ def _dot_takes(s: "_Simplifier", d: Op, perm: list[int]) -> bool:
 
 def _way(s: "_Simplifier", t: int, perm: list[int], seen: dict) -> frozenset | None:
     """Where a transpose by perm of t comes to rest, moved on by this module's rules and
-    simplify_layouts' (module docstring): the kinds of places, "taken" (a transpose or
-    a broadcast takes it), "dot" (it stays on a dot that does not compute that order
-    whole, or on an elementwise op of such dots, which it does not enter), "other" (it
+    simplify_layouts' (module docstring): the kinds of places, "composed" (a transpose
+    it composes with), "broadcast" (a broadcast takes it), "dot" (it stays on a dot
+    that does not compute that order whole, or on an elementwise op of such dots or
+    broadcasts, which it does not enter), "other" (it
     stays on anything else: a parameter, a collective, index arithmetic); None when it
     would reach a dot that takes it (simplify_layouts.transposed_dot, whose readers it
     would change on one side only). A splat is no place."""
@@ -188,13 +200,15 @@ def _way(s: "_Simplifier", t: int, perm: list[int], seen: dict) -> frozenset | N
         way = frozenset()
     elif e is None:
         pass
-    elif e.kind in ("transpose", "broadcast_in_dim"):
-        way = frozenset({"taken"})
+    elif e.kind == "transpose":
+        way = frozenset({"composed"})
+    elif e.kind == "broadcast_in_dim":
+        way = frozenset({"broadcast"})
     elif e.kind == "pad" and len(e.inputs) == 2:
         way = _way(s, e.inputs[0], perm, seen)
     elif e.kind == "dot_general" and len(e.inputs) == 2:
         way = None if _dot_takes(s, e, perm) else frozenset({"dot"})
-    elif _elementwise(s, e) and all(_real(s, x) for x in (*e.inputs, t)):
+    elif _elementwise(s, e) and all(_value(s, x, {}) for x in (*e.inputs, t)):
         ways = [_way(s, x, perm, seen) for x in e.inputs]
         tensors = [w for w, x in zip(ways, e.inputs) if s.scalar_of_splat(x) is None]
         if any(w is None for w in ways):
@@ -209,18 +223,42 @@ def _way(s: "_Simplifier", t: int, perm: list[int], seen: dict) -> frozenset | N
     return way
 
 
-def _real(s: "_Simplifier", t: int) -> bool:
-    """Whether t holds floating-point values (not a mask or an index: the one-hot and
+_COMPARISONS = ("eq", "ne", "lt", "le", "gt", "ge")
+_LOGICAL = ("and", "or", "xor", "not")
+
+
+def _value(s: "_Simplifier", t: int, seen: dict[int, bool]) -> bool:
+    """Whether t holds floating-point values, or a mask computed from such values alone
+    (a comparison of floats, logical ops of such masks: a relu's x > 0, which its
+    gradient's select reads), not an index or a mask of indices (the one-hot and
     position arithmetic of a MoE dispatch, whose transposes XLA moves its own way)."""
-    return is_float_dtype(s.g.tensors[t].dtype)
+    if is_float_dtype(s.g.tensors[t].dtype):
+        return True
+    if t in seen or len(seen) >= _TREE_OPS:
+        return seen.get(t, False)
+    seen[t] = False
+    e = s.producer.get(t)
+    if e is None or s.g.tensors[t].dtype != "bool":
+        return False
+    if e.kind in _COMPARISONS:
+        ok = all(is_float_dtype(s.g.tensors[x].dtype) for x in e.inputs)
+    elif e.kind in _LOGICAL:
+        ok = all(_value(s, x, seen) for x in e.inputs)
+    else:
+        ok = False
+    seen[t] = ok
+    return ok
 
 
 def _enters(way: frozenset | None) -> bool:
-    """Whether a transpose moves into an elementwise op of several tensors: where it is
-    taken below it (a broadcast, a transpose) and otherwise stays on dots only (the
-    taps of a convolution in another layout), never on other values (index arithmetic,
-    a parameter), whose transposes the other side may write elsewhere."""
-    return way is not None and "taken" in way and "dot" in way and "other" not in way
+    """Whether a transpose moves into an elementwise op of several tensors: where it
+    composes with a transpose below it, or is taken by a broadcast below it and
+    otherwise stays on dots (the taps of a convolution in another layout); never onto
+    other values (index arithmetic, a parameter), whose transposes the other side may
+    write elsewhere, nor onto broadcasts alone (a MoE gate's one-hot dispatch weights,
+    whose transposes XLA moves its own way)."""
+    return way is not None and "other" not in way and \
+        ("composed" in way or ("dot" in way and "broadcast" in way))
 
 
 def _broadcast_placed(s: "_Simplifier", b: Op, where: list[int], shape: tuple[int, ...],
