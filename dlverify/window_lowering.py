@@ -61,12 +61,32 @@ def slice_(site: WindowSite, t: int, shape: tuple[int, ...], start: tuple[int, .
                      {"start_indices": start, "limit_indices": limit, "strides": None})
 
 
+def dilated(site: WindowSite, x: int, shape: tuple[int, ...], interior: tuple[int, ...],
+            value: int) -> tuple[int, tuple[int, ...]]:
+    """x with interior[d] elements of the scalar tensor `value` between neighbours
+    along each dim d, written with pads that have no interior padding (the form the
+    rules relate, Pad_Dim): each such dim split into (n, 1), padded to (n, it + 1),
+    merged back and cut to (n - 1) * (it + 1) + 1."""
+    if not any(interior):
+        return x, shape
+    split = tuple(v for n, it in zip(shape, interior) for v in ((n, 1) if it else (n,)))
+    wide = tuple(v for n, it in zip(shape, interior) for v in ((n, it + 1) if it else (n,)))
+    cfg = tuple(c for it in interior for c in (((0, 0, 0), (0, it, 0)) if it else ((0, 0, 0),)))
+    t = site.emit("pad", [reshape(site, x, shape, split), value], wide, {"padding_config": cfg})
+    flat = tuple(n * (it + 1) for n, it in zip(shape, interior))
+    t = reshape(site, t, wide, flat)
+    out = tuple((n - 1) * (it + 1) + 1 for n, it in zip(shape, interior))
+    return slice_(site, t, flat, (0,) * len(shape), out), out
+
+
 def padded(site: WindowSite, x: int, shape: tuple[int, ...], pads: tuple[tuple[int, int, int], ...],
            extra: tuple[int, ...], value: int) -> tuple[int, tuple[int, ...]]:
     """x with (lo, hi, interior) padding per dim and `extra` elements more at the
-    high end, all of the scalar tensor `value`. Negative padding crops the padded
-    (and dilated) operand: a slice after the positive part, and the extra elements
-    after that."""
+    high end, all of the scalar tensor `value`. Interior padding comes first
+    (`dilated`); negative padding crops the padded (and dilated) operand: a slice
+    after the positive part, and the extra elements after that."""
+    x, shape = dilated(site, x, shape, tuple(it for _, _, it in pads), value)
+    pads = tuple((lo, hi, 0) for lo, hi, _ in pads)
     def pad(t: int, sh: tuple[int, ...], cfg: list[tuple[int, int, int]]) -> tuple[int, tuple[int, ...]]:
         if all(c == (0, 0, 0) for c in cfg):
             return t, sh

@@ -297,12 +297,12 @@ class Lowerer:
                 seen.add(r)
         return groups
 
-    def reducer(self, ins: HloInstruction, allowed: dict[str, str]) -> str:
-        """The reduction a `to_apply` computation performs, by its root opcode."""
-        cname = (ins.attrs.get("to_apply") or "").lstrip("%")
+    def reducer(self, ins: HloInstruction, allowed: dict[str, str], attr: str = "to_apply") -> str:
+        """The reduction a `to_apply` (or `attr`) computation performs, by its root opcode."""
+        cname = (ins.attrs.get(attr) or "").lstrip("%")
         comp = self.m.computations.get(cname)
         if comp is None:
-            raise self.err(ins, "no to_apply reducer computation")
+            raise self.err(ins, f"no {attr} reducer computation")
         op = _reducer_opcode(comp)
         if op is None or op not in allowed:
             what = op or "a computation that is not one binary op of its two parameters"

@@ -1,7 +1,9 @@
 """Exporters of the windowed primitives: `conv_general_dilated` (a ConvSpec,
 expanded by dlverify/conv_lowering.py, shared with the HLO frontend's
 `convolution`) and `reduce_window_{sum,max,min}` (pooling, expanded by
-dlverify/window_lowering.py, shared with HLO `reduce-window`)."""
+dlverify/window_lowering.py, shared with HLO `reduce-window`) and
+`select_and_scatter_add` (their gradient for max and min pooling, expanded by
+dlverify/select_scatter.py, shared with HLO `select-and-scatter`)."""
 from __future__ import annotations
 
 from typing import Any
@@ -9,7 +11,8 @@ from typing import Any
 import numpy as np
 
 from dlverify.conv_lowering import ConvSpec, lower_conv
-from dlverify.frontends.jaxpr.walk import Ctx, _loc, _out, _where, exporter
+from dlverify.frontends.jaxpr.walk import Ctx, _dtype, _loc, _out, _where, exporter
+from dlverify.select_scatter import SelectSite, SelectWindow, lower_select_and_scatter
 from dlverify.window_lowering import ReduceWindow, WindowSite, lower_reduce_window
 
 
@@ -81,3 +84,27 @@ def _reduce_window(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
     init = site.scalar(_identity(rw.reducer, _out(eqn)[1]))
     return [lower_reduce_window(site, ins[0], tuple(x.aval.shape), shape, rw, init,
                                 _where(eqn))]
+
+
+@exporter("select_and_scatter_add")
+def _select_and_scatter_add(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
+    """source scattered onto each window's selected operand element (max pooling's
+    gradient selects by `ge`); operands (source, operand), the result in the
+    operand's shape and the source's dtype, starting from zero."""
+    p = eqn.params
+    src, x = eqn.invars
+    loc, name = _loc(eqn), eqn.primitive.name
+
+    def emit(kind: str, inputs: list[int], out: tuple[int, ...], dtype: str, params: dict) -> int:
+        return ctx.b.op(kind, inputs, out, dtype, params, loc, name)
+
+    def constant(value: np.ndarray, dtype: str) -> int:
+        v = np.asarray(value, dtype=np.dtype(dtype))
+        return ctx.b.constant(v, v.shape, dtype, loc, name)
+
+    sw = SelectWindow(p["select_prim"].name, _ints(p["window_dimensions"]),
+                      _ints(p["window_strides"]),
+                      tuple((int(lo), int(hi)) for lo, hi in p["padding"]))
+    return [lower_select_and_scatter(SelectSite(emit, constant), ins[1], tuple(x.aval.shape),
+                                     _dtype(x.aval), ins[0], tuple(src.aval.shape),
+                                     _out(eqn)[1], None, sw, _where(eqn))]
