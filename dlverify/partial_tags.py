@@ -51,7 +51,7 @@ import math
 from dataclasses import dataclass
 
 from dlverify import schema as S
-from dlverify.ir import Graph, Op
+from dlverify.ir import CHAIN_DEPTH, Graph, Op
 from dlverify.ops import KINDS
 from dlverify.ops.export import reduction
 
@@ -96,6 +96,19 @@ def _operand_family(seq: Graph, op: Op | None, i: int, axis: int) -> int | None:
         return None
     p = _producer(seq, op.inputs[i])
     return None if p is None else full_size(seq, p.id, axis)
+
+
+def _reduction_through_reshapes(seq: Graph, tensor: int) -> Op | None:
+    """The reduction whose result `tensor` is, or is a reshape of through ops that move
+    no element or broadcast (concat_terms.dl's Cat_Red_Source, over Reshape_Chain)."""
+    for _ in range(CHAIN_DEPTH + 1):
+        p = _producer(seq, tensor)
+        if p is None or _is_reduction(p):
+            return p
+        if not (seq.moves_no_element(p) or p.kind == "broadcast_in_dim"):
+            return None
+        tensor = p.inputs[0]
+    return None
 
 
 def _is_reduction(op: Op) -> bool:
@@ -164,7 +177,8 @@ def full_size(seq: Graph, op_id: int, axis: int) -> int | None:
     if HELD_BASE <= axis < GROUP_BASE:   # a reduction plus a held value: the reduction's size
         return _operand_family(seq, op, *divmod(axis - HELD_BASE, PAIR))
     if axis >= CAT_BASE:   # a concatenation of reductions: its first operand's size
-        return _operand_family(seq, op, 0, axis - CAT_BASE)
+        first = _reduction_through_reshapes(seq, op.inputs[0]) if op.inputs else None
+        return None if first is None else full_size(seq, first.id, axis - CAT_BASE)
     if axis >= ACC_BASE:   # an add tree named by its first leaf: the leaf's size
         return full_size(seq, op_id, axis - ACC_BASE)
     if axis >= WINDOW_BASE:

@@ -57,3 +57,41 @@ def test_reductions_with_different_term_counts_are_not_one_family():
     out = t.run()
     assert not out.result.verified
     assert out.views(cat_s, cat_d) == []
+
+
+def _per_tap_grad(t: Tiny, dist_tokens=6):
+    """A convolution's kernel gradient as the lowering writes it: one x^T g per tap,
+    each reshaped to a unit dim and concatenated along it (taps over token shards);
+    `dist_tokens` < 6 drops the last tokens of the distributed second product."""
+    xs, xd = t.input((6, 4), ("x", None))
+    gs, gd = zip(*(t.input((6, 3), ("x", None)) for _ in range(2)))
+    ps = [t.sop("reshape", [t.sop("dot_general", [xs, g], (4, 3), **TOK)], (4, 3, 1))
+          for g in gs]
+    xd1 = t.dop("slice", [xd], (dist_tokens // 2, 4), start_indices=(0, 0),
+                limit_indices=(dist_tokens // 2, 4), strides=None)
+    gd1 = t.dop("slice", [gd[1]], (dist_tokens // 2, 3), start_indices=(0, 0),
+                limit_indices=(dist_tokens // 2, 3), strides=None)
+    pd = [t.dop("reshape", [t.dop("dot_general", [a, g], (4, 3), **TOK)], (4, 3, 1))
+          for a, g in ((xd, gd[0]), (xd1, gd1))]
+    cat_s = t.sop("concatenate", ps, (4, 3, 2), dimension=2)
+    cat_d = t.dop("concatenate", pd, (4, 3, 2), dimension=2)
+    red = t.dop("all_reduce", [t.dop("neg", [cat_d], (4, 3, 2))], (4, 3, 2), reducer="sum",
+                groups=[[0, 1]])
+    t.output(t.sop("neg", [cat_s], (4, 3, 2)), red)
+    return cat_s, cat_d
+
+
+def test_concatenated_reshapes_of_partial_terms_are_one_family():
+    t = Tiny()
+    cat_s, cat_d = _per_tap_grad(t)
+    out = t.run()
+    assert out.result.verified, [f.message for f in out.result.failures]
+    assert len({v.partial for v in out.views(cat_s, cat_d)}) == 2
+
+
+def test_a_reshaped_product_over_fewer_tokens_is_not_the_family():
+    t = Tiny()
+    cat_s, cat_d = _per_tap_grad(t, dist_tokens=4)
+    out = t.run()
+    assert not out.result.verified
+    assert out.views(cat_s, cat_d) == []
