@@ -107,7 +107,10 @@ def reduced_size(problem: Problem, op_id: int, axis: int) -> int:
 
 def partial_sum_errors(run: Run, problem: Problem, views: list[ViewFact]) -> list[tuple[tuple, float]]:
     """For every set of ranks whose partial terms of one reduction tile its range,
-    the largest |sum of their terms - c * s[block]|."""
+    the largest |sum of their terms - c * s[block]|, relative to the sum's magnitude
+    where it exceeds one (as the views are checked: the programs' float32 literals
+    are read as the rationals they round, so a sum scaled by c is off by their
+    rounding, relative to its size)."""
     groups: dict[tuple, dict[tuple[int, int], int]] = defaultdict(dict)
     out = []
     for v in views:
@@ -133,5 +136,6 @@ def partial_sum_errors(run: Run, problem: Problem, views: list[ViewFact]) -> lis
         s = np.asarray(run.seq[s_id][0], dtype=np.float64)
         want = float(scale_value(scale)) * _block(s, tuple(max(o, 0) for o in offsets), total.shape)
         if want.shape == total.shape:
-            out.append((key, value_error(total, want)))
+            size = float(np.max(np.abs(total))) if total.size else 1.0
+            out.append((key, value_error(total, want) / max(1.0, size)))
     return out
