@@ -80,7 +80,7 @@ from __future__ import annotations
 from dlverify.dot_orientation import Form, dot_sizes
 from dlverify.ir import Op
 from dlverify.ops.table import KINDS, Family
-from dlverify.rewrites import _Rewriter
+from dlverify.rewrites import _dot_out_dim, _Rewriter
 from dlverify.simplify_forms import _merge_groups, _unit_deletion
 
 
@@ -110,7 +110,8 @@ class _LayoutRules(_Rewriter):
         """Whether one of this module's rules replaced `op`."""
         if op.kind == "transpose" and (self.transposed_dot(op) or self.unit_move_of_reshape(op)):
             return True
-        if op.kind == "dot_general" and self.free_units_out_of_dot(op):
+        if op.kind == "dot_general" and (self.free_units_out_of_dot(op)
+                                         or self.dot_of_free_concatenation(op)):
             return True
         if op.kind == "reshape" and self.broadcast_under_unit_insertion(op):
             return True
@@ -128,11 +129,14 @@ class _LayoutRules(_Rewriter):
         dims only (the sized dims keep their order) it moves no element and is one
         reshape of x, row-major order kept (XLA splits a decoding step's q = x @ w into
         [b, h, e, 1] and moves the query position of one before e; the program reshapes
-        to [b, h, e]); when the reshape only inserts size-1 dims into x = transpose(y),
-        it is x transposed by the order the transpose gives x's dims, then that reshape:
-        the two transposes compose (a bitcast between layouts, lowered as transpose,
-        reshape, transpose). A transpose of sized dims with no transpose under it stays
-        where it is, as simplify.py's layout rule leaves it."""
+        to [b, h, e]); when the reshape only inserts size-1 dims into x = transpose(y)
+        or x = a dot, it is x transposed by the order the transpose gives x's dims, then
+        that reshape: the two transposes compose (a bitcast between layouts, lowered as
+        transpose, reshape, transpose), or the dot takes the transpose (transposed_dot:
+        the program's gate weight gradient dgate^T h, [f, d], reshaped to [f, 1, d] and
+        transposed to [d, 1, f] beside the up one's; XLA's h^T dgate, [d, f]). A
+        transpose of sized dims with nothing under it to take it stays where it is, as
+        simplify.py's layout rule leaves it."""
         r = self.producer.get(op.inputs[0])
         if r is None or r.kind != "reshape" or 1 in self.shape(r.inputs[0]):
             return False                  # (the operand's own size-1 dims: unit_dims_into_dot's)
@@ -142,7 +146,7 @@ class _LayoutRules(_Rewriter):
         if sized != sorted(sized):
             under = self.producer.get(x)
             if [n for n in shape if n != 1] != list(self.shape(x)) or under is None \
-                    or under.kind != "transpose":
+                    or under.kind not in ("transpose", "dot_general"):
                 return False              # (a transpose of regrouped dims, or with none to meet)
             rank = {d: i for i, d in enumerate(sorted(sized))}   # r's sized dim -> x's dim
             order = [rank[d] for d in sized]
@@ -172,6 +176,32 @@ class _LayoutRules(_Rewriter):
             u = self.new_op("reshape", [r.inputs[0]], tuple(shape[d] for d in sized),
                             self.g.tensors[r.output].dtype, {}, r)
             return self._dot_reading(op, side, key, u, at)
+        return False
+
+    def dot_of_free_concatenation(self, op: Op) -> bool:
+        """dot(x, concat(a_i; k)), k a free dim of that operand, is concat(dot(x, a_i); j),
+        j the result dim k becomes (rewrites.py's rule, which runs before the normal form;
+        here for a concatenation the normal form exposes: XLA's fused gate/up weight
+        gradient h^T concat(dgate, dup), whose concatenation the program's JAX lowering
+        had split into one dot per piece). The concatenation keeps its own source, so
+        pieces in the wrong order are reported where they were concatenated."""
+        if len(op.inputs) != 2:
+            return False
+        p = op.params
+        lrank, rrank = (len(self.shape(t)) for t in op.inputs)
+        for side, cat, k, contract, batch in self._concat_operands(op):
+            if k in contract or k in batch:
+                continue
+            j = _dot_out_dim(p, lrank, rrank, side, k)
+            out = self.shape(op.output)
+            dtype = self.g.tensors[op.output].dtype
+            pieces = []
+            for piece in cat.inputs:
+                ins = [op.inputs[0], piece] if side else [piece, op.inputs[1]]
+                shape = out[:j] + (self.shape(piece)[k],) + out[j + 1:]
+                pieces.append(self.new_op("dot_general", ins, shape, dtype, p, op))
+            self.new_op("concatenate", pieces, out, dtype, {"dimension": j}, cat, output=op.output)
+            return True
         return False
 
     def unit_insertion_into_broadcast(self, op: Op) -> bool:

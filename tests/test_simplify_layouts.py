@@ -391,6 +391,171 @@ def test_a_broadcast_of_a_merging_reshape_stays():
     assert not simplify_graph(g, ids)
 
 
+# ------------------------------------------- the fused gate/up weight's gradient
+# h [b, s, d]; the cotangents of the gate and up projections g, u [b, s, f]. The program's
+# JAX lowering computes the fused [d, 2, f] weight's gradient piece by piece: g^T h,
+# [f, d], reshaped to [f, 1, d] and transposed to [d, 1, f], beside u's, concatenated;
+# XLA computes h^T concat(g, u) (the concatenation along a free dim of the dot's rhs)
+_HB, _HS, _HD, _HF = 2, 3, 4, 5
+
+
+def _w13_program(b, h, g, u):
+    parts = []
+    for c in (g, u):
+        dot = _dot(b, c, h, (_HF, _HD), (0, 1), (0, 1))
+        r = b.op("reshape", [dot], (_HF, 1, _HD), "float32")
+        parts.append(b.op("transpose", [r], (_HD, 1, _HF), "float32", {"permutation": (2, 1, 0)}))
+    return b.op("concatenate", parts, (_HD, 2, _HF), "float32", {"dimension": 1})
+
+
+def _w13_xla(b, h, g, u, order=(0, 1)):
+    pieces = [b.op("reshape", [c], (_HB, _HS, 1, _HF), "float32") for c in (g, u)]
+    cat = b.op("concatenate", [pieces[k] for k in order], (_HB, _HS, 2, _HF), "float32",
+               {"dimension": 2})
+    ht = b.op("transpose", [h], (_HD, _HB, _HS), "float32", {"permutation": (2, 0, 1)})
+    return _dot(b, ht, cat, (_HD, 2, _HF), (1, 2), (0, 1))
+
+
+_W13 = [(_HB, _HS, _HD), (_HB, _HS, _HF), (_HB, _HS, _HF)]
+
+
+def test_the_fused_gate_up_weight_gradient_meets_the_program_s_pieces():
+    before, program = _normal(_w13_program, _W13)
+    before_xla, xla = _normal(_w13_xla, _W13)
+    _agree(before, program, _W13)
+    _agree(before_xla, xla, _W13)
+    assert _form(program) == _form(xla)
+    out = next(op for op in xla.ops if op.output == xla.outputs[0])
+    assert out.kind == "concatenate" and out.params["dimension"] == 1
+
+
+def test_the_fused_gradient_with_its_pieces_swapped_is_another_function():
+    # the rule twin: the pieces concatenated in the other order; the shared evaluator
+    # tells it from the program, and its form is not the program's
+    def swapped(b, h, g, u):
+        return _w13_xla(b, h, g, u, order=(1, 0))
+    before, program = _normal(_w13_program, _W13)
+    before_twin, twin = _normal(swapped, _W13)
+    assert _form(program) != _form(twin)
+    with pytest.raises(AssertionError):
+        _agree(before, before_twin, _W13)
+
+
+@pytest.mark.parametrize("side", [0, 1])
+def test_a_dot_over_a_concatenation_along_a_free_dim_is_the_concatenation_of_the_dots(side):
+    # x [3, 4] contracted with the concatenation of y1 [4, 2] and y2 [4, 5] along its
+    # free dim, as either operand: one dot per piece, concatenated along the result's dim
+    def build(b, x, y1, y2):
+        if side:
+            cat = b.op("concatenate", [y1, y2], (4, 7), "float32", {"dimension": 1})
+            return _dot(b, x, cat, (3, 7), (1,), (0,))
+        t1, t2 = (b.op("transpose", [y], (y_n, 4), "float32", {"permutation": (1, 0)})
+                  for y, y_n in ((y1, 2), (y2, 5)))
+        cat = b.op("concatenate", [t1, t2], (7, 4), "float32", {"dimension": 0})
+        return _dot(b, cat, x, (7, 3), (1,), (1,))
+    g = _check(build, [(3, 4), (4, 2), (4, 5)], set())
+    out = next(op for op in g.ops if op.output == g.outputs[0])
+    assert out.kind == "concatenate" and out.params["dimension"] == side
+    assert all(next(op for op in g.ops if op.output == t).kind == "dot_general"
+               for t in out.inputs)
+
+
+def test_a_dot_over_a_concatenation_along_a_contracted_dim_stays():
+    # (the sum of the pieces' dots: split only where the programs disagree,
+    # rewrites.split_contracted_concatenations)
+    def build(b, x1, x2, w):
+        cat = b.op("concatenate", [x1, x2], (3, 7), "float32", {"dimension": 1})
+        return _dot(b, cat, w, (3, 5), (1,), (0,))
+    g, ids = _graph(build, [(3, 2), (3, 5), (7, 5)])
+    simplify_graph(g, ids)
+    out = next(op for op in g.ops if op.output == g.outputs[0])
+    assert out.kind == "dot_general"
+    assert next(op for op in g.ops if op.output == out.inputs[0]).kind == "concatenate"
+
+
+def test_a_transpose_of_size_1_dims_inserted_into_a_dot_is_the_transposed_dot():
+    # transpose(reshape(g^T h, [f, 1, d]), (2, 1, 0)): the swapped dot h^T g, then the
+    # reshape inserting the size-1 dim
+    def build(b, h, g):
+        dot = _dot(b, g, h, (_HF, _HD), (0, 1), (0, 1))
+        r = b.op("reshape", [dot], (_HF, 1, _HD), "float32")
+        return b.op("transpose", [r], (_HD, 1, _HF), "float32", {"permutation": (2, 1, 0)})
+    g = _check(build, [(_HB, _HS, _HD), (_HB, _HS, _HF)], set())
+    out = next(op for op in g.ops if op.output == g.outputs[0])
+    assert out.kind == "reshape"     # (h read as h^T [d, b, s]: dot_layout's operand order)
+    dot = next(op for op in g.ops if op.output == out.inputs[0])
+    assert dot.kind == "dot_general" and g.tensors[dot.output].shape == (_HD, _HF)
+
+
+def test_a_transpose_of_size_1_dims_inserted_into_an_elementwise_op_stays():
+    # nothing under the reshape takes the transpose: it stays where it is
+    def build(b, x):
+        e = b.op("exp", [x], (5, 4), "float32")
+        r = b.op("reshape", [e], (5, 1, 4), "float32")
+        return b.op("transpose", [r], (4, 1, 5), "float32", {"permutation": (2, 1, 0)})
+    g, ids = _graph(build, [(5, 4)])
+    simplify_graph(g, ids)
+    out = next(op for op in g.ops if op.output == g.outputs[0])
+    assert out.kind == "transpose"
+
+
+# an HLO pair: the batch split over 2 ranks (data parallel), XLA's fused gradient reduced
+_SEQ_W13 = """HloModule seq
+
+ENTRY %main (h: f32[2,3,4], g: f32[2,3,5], u: f32[2,3,5]) -> f32[4,2,5] {
+  %h = f32[2,3,4]{2,1,0} parameter(0)
+  %g = f32[2,3,5]{2,1,0} parameter(1)
+  %u = f32[2,3,5]{2,1,0} parameter(2)
+  %dg = f32[5,4]{1,0} dot(f32[2,3,5]{2,1,0} %g, f32[2,3,4]{2,1,0} %h), lhs_contracting_dims={0,1}, rhs_contracting_dims={0,1}
+  %rg = f32[5,1,4]{2,1,0} reshape(f32[5,4]{1,0} %dg)
+  %tg = f32[4,1,5]{2,1,0} transpose(f32[5,1,4]{2,1,0} %rg), dimensions={2,1,0}
+  %du = f32[5,4]{1,0} dot(f32[2,3,5]{2,1,0} %u, f32[2,3,4]{2,1,0} %h), lhs_contracting_dims={0,1}, rhs_contracting_dims={0,1}
+  %ru = f32[5,1,4]{2,1,0} reshape(f32[5,4]{1,0} %du)
+  %tu = f32[4,1,5]{2,1,0} transpose(f32[5,1,4]{2,1,0} %ru), dimensions={2,1,0}
+  ROOT %w = f32[4,2,5]{2,1,0} concatenate(f32[4,1,5]{2,1,0} %tg, f32[4,1,5]{2,1,0} %tu), dimensions={1}
+}
+"""
+
+_DIST_W13 = """HloModule dist, num_partitions=2
+
+%sum (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(f32[] %a, f32[] %b)
+}
+
+ENTRY %main (h: f32[1,3,4], g: f32[1,3,5], u: f32[1,3,5]) -> f32[4,2,5] {
+  %h = f32[1,3,4]{2,1,0} parameter(0), sharding={devices=[2,1,1]0,1}
+  %g = f32[1,3,5]{2,1,0} parameter(1), sharding={devices=[2,1,1]0,1}
+  %u = f32[1,3,5]{2,1,0} parameter(2), sharding={devices=[2,1,1]0,1}
+  %g4 = f32[1,3,1,5]{3,2,1,0} reshape(f32[1,3,5]{2,1,0} %g)
+  %u4 = f32[1,3,1,5]{3,2,1,0} reshape(f32[1,3,5]{2,1,0} %u)
+  %gu = f32[1,3,2,5]{3,2,1,0} concatenate(f32[1,3,1,5]{3,2,1,0} FIRST, f32[1,3,1,5]{3,2,1,0} SECOND), dimensions={2}
+  %gut = f32[2,1,3,5]{3,2,1,0} transpose(f32[1,3,2,5]{3,2,1,0} %gu), dimensions={2,0,1,3}
+  %ht = f32[4,1,3]{2,1,0} transpose(f32[1,3,4]{2,1,0} %h), dimensions={2,0,1}
+  %p = f32[4,2,5]{2,1,0} dot(f32[4,1,3]{2,1,0} %ht, f32[2,1,3,5]{3,2,1,0} %gut), lhs_contracting_dims={1,2}, rhs_contracting_dims={1,2}
+  ROOT %w = f32[4,2,5]{2,1,0} all-reduce(f32[4,2,5]{2,1,0} %p), replica_groups={{0,1}}, use_global_device_ids=true, channel_id=1, to_apply=%sum
+}
+"""
+
+
+def test_compiled_fused_gate_up_gradient_verifies(tmp_path):
+    # (XLA's concatenation read through a transpose: the dot meets it in the normal form)
+    res = verify_texts(tmp_path, _SEQ_W13,
+                       _DIST_W13.replace("FIRST", "%g4").replace("SECOND", "%u4"))
+    assert res.verified, [(f.op, f.line, f.message[:200]) for f in res.failures[:2]]
+    assert res.outputs == ["out0 = r0.out0  (replicated on all 2 ranks)"]
+    assert_views_hold(res.problem, res.views, seeds=(0,), padded=res.padded_views)
+
+
+def test_its_twin_concatenating_up_before_gate_is_located_at_the_concatenation(tmp_path):
+    dist = _DIST_W13.replace("FIRST", "%u4").replace("SECOND", "%g4")
+    res = verify_texts(tmp_path, _SEQ_W13, dist)
+    assert not res.verified
+    line = next(i for i, text in enumerate(dist.splitlines(), 1) if "%gu = " in text)
+    assert res.failures[0].line == line, [(f.op, f.line, f.message[:120]) for f in res.failures]
+
+
 # ------------------------------------------------------------- compiled examples
 def test_compiled_allgather_kv_gradients_verify_and_the_summed_loss_twin_is_located(tmp_path):
     cp = example_module("context_parallel_allgather_kv")
