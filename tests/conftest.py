@@ -108,3 +108,30 @@ class ExampleRuns:
 @pytest.fixture(scope="session")
 def example_runs() -> ExampleRuns:
     return ExampleRuns()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """With worker processes (pytest-xdist's controller: the README's test command),
+    compile the shipped rules for Soufflé in the background while the workers start on
+    the clingo tests: each worker's first Soufflé run would otherwise compile them
+    itself, the two builds sharing the two cores for minutes. Workers that get there
+    first wait for this build (souffle_runner's lock file)."""
+    import shutil
+    import subprocess
+    import sys
+
+    config = session.config
+    if hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None) \
+            or shutil.which("souffle") is None:
+        return
+    code = ("from dlverify.api import rules_path; "
+            "from dlverify.engine.souffle_runner import prebuild; prebuild(rules_path())")
+    config._souffle_prebuild = subprocess.Popen(  # type: ignore[attr-defined]
+        [sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The background build ends with the session (it is normally long done)."""
+    proc = getattr(session.config, "_souffle_prebuild", None)
+    if proc is not None:
+        proc.wait()

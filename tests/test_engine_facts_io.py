@@ -263,3 +263,50 @@ def test_auto_uses_a_cached_binary_and_falls_back_to_clingo_when_it_fails(fake_s
     assert res.engine == "clingo" and res.relations == {"Out": [(1, (1, None))]}
     with pytest.raises(EngineError, match="cannot load a library"):
         run_program(main, {EDGE: [(1, "z")]}, [OUT], engine="souffle")  # asked for: the error
+
+
+def test_processes_compiling_the_same_rules_at_once_build_them_once(tmp_path, monkeypatch):
+    """souffle_runner.compile_binary: the second caller waits on the lock file for the
+    first one's build (the suite's background build and its workers), instead of a
+    second compilation of minutes on the same cores."""
+    import fcntl
+    import threading
+
+    from dlverify.engine import load_rules, souffle_runner
+    from dlverify.limits import OutOfTime
+
+    bindir, builds = tmp_path / "bin", tmp_path / "builds"
+    bindir.mkdir()
+    exe = bindir / "souffle"
+    exe.write_text(f"#!{sys.executable}\n" + (
+        "import pathlib, sys, time\n"
+        "if sys.argv[1] == '--version':\n    print('fake 0'); sys.exit(0)\n"
+        f"with open({str(builds)!r}, 'a') as f: f.write('build\\n')\n"
+        "time.sleep(1.0)\n"
+        "out = pathlib.Path(sys.argv[sys.argv.index('-o') + 1])\n"
+        "out.write_text('#!/bin/sh\\n'); out.chmod(0o755)\n"))
+    exe.chmod(0o755)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    main = tmp_path / "dl" / "main.dl"
+    main.parent.mkdir()
+    main.write_text(PROGRAM)
+    program = load_rules(main).program
+    got: list[Path] = []
+
+    def build() -> None:
+        got.append(souffle_runner.compile_binary(program, main, str(exe)))
+
+    threads = [threading.Thread(target=build) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 2 and got[0] == got[1] and got[0].is_file()
+    assert builds.read_text() == "build\n"            # one compilation
+    assert not [p for p in got[0].parent.iterdir() if p.name.startswith("build-")]
+    # a build that another process holds past this caller's time limit: out of time
+    got[0].unlink()
+    with open(got[0].with_suffix(".lock"), "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(OutOfTime, match="waiting for another process"):
+            souffle_runner.compile_binary(program, main, str(exe), timeout=0.5)

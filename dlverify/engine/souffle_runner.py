@@ -3,7 +3,8 @@
 Facts are written as `<dir>/<Name>.facts` (headerless TSV); the program runs as
 a compiled binary (`souffle -o`, built once per rule text and cached in the
 user's cache directory) when one is cached or a C++ compiler can build it, and
-in Soufflé's interpreter otherwise; each output `<out dir>/<Name>.csv` is read
+in Soufflé's interpreter otherwise; processes that need the same rules at once
+(test workers, a zoo's pool) build them once, the others waiting on a lock file; each output `<out dir>/<Name>.csv` is read
 back by the relation's declared column types.
 
 Every subprocess is killed when the run ends early (a time limit, an
@@ -12,6 +13,8 @@ interrupt), and a failure is an EngineError naming Soufflé's message and the
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import os
@@ -22,7 +25,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Mapping, Sequence
+from typing import Iterator, Literal, Mapping, Sequence
 
 from dlverify.engine.facts_io import read_csv, write_facts_dir
 from dlverify.engine.syntax import Program
@@ -140,23 +143,67 @@ def _engine_error(what: str, code: int, stderr: str, program: Program) -> Engine
     return EngineError(msg, file, line)
 
 
+@contextlib.contextmanager
+def _build_lock(path: Path, timeout: float | None) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (another process building the same rules holds
+    it until its binary is in place); OutOfTime when not acquired within `timeout`."""
+    with open(path, "a+") as f:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | (fcntl.LOCK_NB if deadline is not None else 0))
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise OutOfTime(f"out of time after {timeout:g} s (waiting for another "
+                                    f"process's compilation of the rules)") from None
+                time.sleep(0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def compile_binary(program: Program, main_dl: Path, exe: str, timeout: float | None = None) -> Path:
-    """Build (once) and cache the compiled binary of these rules; returns its path."""
+    """Build (once) and cache the compiled binary of these rules; returns its path. A
+    process that finds another one building them waits for that build."""
     found = cached_binary(program, exe)
     if found is not None:
         return found
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
     target = root / f"rules-{program_digest(program, exe)}"
-    build = Path(tempfile.mkdtemp(prefix="build-", dir=root))
-    try:
-        binary = build / "rules"
-        _run([exe, "-w", "-o", str(binary), "-I", str(main_dl.parent), str(main_dl)], timeout,
-             "compilation", program)
-        os.replace(binary, target)  # atomic: concurrent builds of the same rules are harmless
-    finally:
-        shutil.rmtree(build, ignore_errors=True)
+    start = time.monotonic()
+    with _build_lock(target.with_suffix(".lock"), timeout):
+        found = cached_binary(program, exe)
+        if found is not None:   # built while this process waited
+            return found
+        if timeout is not None:
+            timeout = max(0.001, timeout - (time.monotonic() - start))
+        build = Path(tempfile.mkdtemp(prefix="build-", dir=root))
+        try:
+            binary = build / "rules"
+            _run([exe, "-w", "-o", str(binary), "-I", str(main_dl.parent), str(main_dl)], timeout,
+                 "compilation", program)
+            os.replace(binary, target)  # atomic: a reader sees no binary or the whole one
+        finally:
+            shutil.rmtree(build, ignore_errors=True)
     return target
+
+
+def prebuild(main_dl: Path) -> Path | None:
+    """Compile the rules of `main_dl` into the cache now (None when `souffle` or a C++
+    compiler is missing, or the build fails: runs then interpret or build themselves),
+    so that later runs find the binary: the test suite starts this beside its workers."""
+    from dlverify.engine import load_rules   # (the package imports this module)
+
+    exe = shutil.which("souffle")
+    if exe is None or not compiler_available():
+        return None
+    try:
+        return compile_binary(load_rules(main_dl).program, main_dl, exe)
+    except EngineError:
+        return None
 
 
 def requested_mode() -> SouffleMode:
