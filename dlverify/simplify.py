@@ -128,6 +128,21 @@ class _Simplifier(_MoveRules, _SinkRules, _LayoutRules, _ReshapeRules):
                 return self.fold(op, keep)
         return False
 
+    def literal_difference(self, op: Op) -> bool:
+        """`x - c` is `x + (-c)` for a splat literal c, exactly in floating point too
+        (subtraction adds the negated operand), the form XLA's algebraic simplifier
+        writes: jax.random's uniform sampling computes `bits - 1.0`, XLA `bits + -1`."""
+        out = self.float_binary(op, "sub")
+        if out is None:
+            return False
+        x, c = op.inputs[0], self.splat(op.inputs[1])
+        if c is None or self.splat(x) is not None or self.shape(x) != out.shape \
+                or self.g.tensors[x].dtype != out.dtype:
+            return False
+        negated = self.splat_of(-c, out.shape, out.dtype, op)
+        self.new_op("add", [x, negated], out.shape, out.dtype, {}, op, output=op.output)
+        return True
+
     def layout(self, op: Op) -> bool:
         x = op.inputs[0] if op.inputs else None
         if x is None or self.g.tensors[x].dtype != self.g.tensors[op.output].dtype:
@@ -345,7 +360,8 @@ class _Simplifier(_MoveRules, _SinkRules, _LayoutRules, _ReshapeRules):
         changed = False
         for op in self.g.ops:
             op.inputs = [self.alias.get(i, i) for i in op.inputs]
-            if (self.neutral(op) or self.layout(op) or self.iota_1d(op) or self.reciprocal(op)
+            if (self.neutral(op) or self.literal_difference(op) or self.layout(op)
+                    or self.iota_1d(op) or self.reciprocal(op)
                     or scaled_reciprocal(self, op)
                     or self.literal_product(op)
                     or self.exact_scaling(op) or self.mask_product(op)

@@ -9,7 +9,7 @@ float it stays unrelated outside sort comparators."""
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from hlo_pairs import verify_texts  # noqa: E402
+from hlo_pairs import assert_pair_verifies, verify_texts  # noqa: E402
 from jax import lax  # noqa: E402
 from test_hlo_rng import mlp  # noqa: E402
 
@@ -104,3 +104,36 @@ ENTRY %main (x: f32[4]) -> s32[4] {
 """
     with pytest.raises(UnknownOpError, match="reinterprets the bits"):
         verify_texts(tmp_path, text, text)
+
+
+def _sharded_bits_as_floats(ranks: int, n: int, dst: str = "f32") -> str:
+    """Each rank's block of u32 bits read as floats (a dropout mask of an activation
+    sharded by XLA: partitioned threefry bits per block), or as a narrower type."""
+    width = {"f32": 1, "u16": 2}[dst]
+    shape = f"{n}" if width == 1 else f"{n},2"
+    dims = "{0}" if width == 1 else "{1,0}"
+    shard = "" if ranks == 1 else ", sharding={devices=[2]<=[2]}"
+    return f"""HloModule m, num_partitions={ranks}
+
+ENTRY %main (s: u32[{n}]) -> {dst}[{shape}] {{
+  %s = u32[{n}]{{0}} parameter(0){shard}
+  %nine = u32[] constant(9)
+  %nb = u32[{n}]{{0}} broadcast(u32[] %nine), dimensions={{}}
+  %m = u32[{n}]{{0}} shift-right-logical(u32[{n}]{{0}} %s, u32[{n}]{{0}} %nb)
+  ROOT %f = {dst}[{shape}]{dims} bitcast-convert(u32[{n}]{{0}} %m){shard}
+}}
+"""
+
+
+def test_a_block_of_bits_read_as_floats_is_the_block_of_the_floats(tmp_path):
+    """Between types of one width a bitcast is elementwise: blocks pass through it."""
+    assert_pair_verifies(tmp_path, _sharded_bits_as_floats(1, 4), _sharded_bits_as_floats(2, 2),
+                         ["out0 = concat(r0.out0, r1.out0; dim 0)"])
+
+
+def test_a_block_of_bits_read_as_narrower_ints_is_not_elementwise(tmp_path):
+    """u32 -> u16[.., 2] splits each element: a whole function only, so a block of the
+    operand relates nothing (the sharded result stays unproved)."""
+    res = verify_texts(tmp_path, _sharded_bits_as_floats(1, 4, "u16"),
+                       _sharded_bits_as_floats(2, 2, "u16"))
+    assert not res.verified

@@ -925,3 +925,27 @@ def test_a_normal_form_still_changing_after_the_last_pass_is_reported(monkeypatc
     assert notes == [f"the dist program's normal form (dlverify/simplify.py) was still changing "
                      f"after {simplify._PASSES} passes: a failure may come from that, not from the "
                      f"program"]
+
+
+@pytest.mark.parametrize("value", [1.0, -2.5, 0.1])
+def test_subtracting_a_literal_is_adding_its_negation(value):
+    """XLA writes jax.random's `bits - 1.0` as `bits + -1`: both reach one form, and
+    the rewrite computes bit for bit what the subtraction does."""
+    x = np.random.default_rng(2).standard_normal((3, 4)).astype(np.float32)
+    forms = []
+    for kind, lit in (("sub", value), ("add", -value)):
+        g, ids = _graph(lambda b, t: b.op(kind, [t, _splat(b, lit, (3, 4))], (3, 4), "float32"),
+                        [(3, 4)])
+        before = copy.deepcopy(g)
+        simplify_graph(g, ids)
+        [got], [want] = _run(g, [x]), _run(before, [x])
+        np.testing.assert_array_equal(got, want)
+        forms.append(([op.kind for op in g.ops],
+                      [float(op.params["value"]) for op in g.ops if op.kind == "constant"]))
+    assert forms[0] == forms[1] and "sub" not in forms[0][0]
+
+
+def test_a_literal_minus_a_tensor_stays_a_subtraction():
+    g, ids = _graph(lambda b, t: b.op("sub", [_splat(b, 1.0, (3, 4)), t], (3, 4), "float32"),
+                    [(3, 4)])
+    assert not simplify_graph(g, ids)

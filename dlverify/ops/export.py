@@ -202,12 +202,20 @@ def whole_function(ex: FactSink, s: Site) -> tuple:
 
 def bitcast_convert(ex: FactSink, s: Site) -> tuple:
     """From an integer type a bitcast is a function of the operand's value (equal
-    integers have equal bits): a whole function, whatever it reads the bits as
-    (random bits as a float's mantissa). From a float it is related by no rule:
-    two equal reals need not have equal bits."""
+    integers have equal bits), whatever it reads the bits as (random bits as a
+    float's mantissa: dropout). Between types of one width it is elementwise, each
+    element's bits read alone, so blocks pass through it (a dropout mask of a
+    sharded activation, from partitioned threefry bits); between widths it is a
+    whole function. From a float it is related by no rule: two equal reals need not
+    have equal bits."""
     g = s.graph
-    ints = all(is_int_dtype(g.tensors[t].dtype) for t in s.op.inputs)
-    return whole_function(ex, s) if ints else only_signature(ex, s)
+    if not all(is_int_dtype(g.tensors[t].dtype) for t in s.op.inputs):
+        return only_signature(ex, s)
+    src, out = g.tensors[s.op.inputs[0]], g.tensors[s.op.output]
+    if tuple(src.shape) != tuple(out.shape):
+        return whole_function(ex, s)
+    ex.add(S.ELEM_UNARY, s.op.id)
+    return (s.op.kind, tuple(sorted(s.op.params.items())), src.dtype, out.dtype)
 
 
 def elem_unary(ex: FactSink, s: Site) -> tuple:
