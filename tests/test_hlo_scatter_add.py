@@ -105,3 +105,37 @@ def test_scatter_add_at_known_in_range_indices_has_no_assumption():
     want[0] += 2
     want[5] += 1
     assert np.array_equal(got, want) and not info.assumptions
+
+
+@pytest.mark.parametrize("name", ["top_k", "sort"])
+def test_jaxpr_gradients_of_top_k_and_sort_are_one_hot_contractions(name):
+    """jax.grad of lax.top_k (MoE routing) and jnp.sort scatter-adds the cotangent
+    back along the sorted axis at indices the forward computed, promised in bounds:
+    the jaxpr frontend's one-hot contraction computes what JAX computes."""
+    from jax import lax
+    from test_conv import _assert_like_jax, _from_jaxpr
+
+    weights = jnp.arange(16, dtype=jnp.float32)
+    fn = {"top_k": jax.grad(lambda x: jnp.sum(lax.top_k(x, 3)[0] * weights[:3])),
+          "sort": jax.grad(lambda x: jnp.sum(jnp.sort(x, axis=-1) * weights))}[name]
+    x = np.random.default_rng(5).standard_normal((4, 16)).astype(np.float32)
+    assert "PROMISE_IN_BOUNDS" in str(jax.make_jaxpr(fn)(x))
+    g = _from_jaxpr(fn, (x,))
+    assert not any(op.kind.startswith("scatter") for op in g.ops)
+    _assert_like_jax(g, fn, (x,))
+
+
+def test_top_k_gradient_as_written_computes_what_xla_computes():
+    """jax.grad of top_k: a scatter-add with a batching dim (the rows) at the chosen
+    columns, promised in bounds, as JAX writes it. (After optimisations XLA flattens
+    its index batch dims, [n*k, 2] from [n, k, 2], and the rows' iota column is not
+    recognised there: a false alarm left, see the README's known limits.)"""
+    from jax import lax
+
+    def fn(x, g):
+        return jax.vjp(lambda v: lax.top_k(v, 2)[0], x)[1](g)[0]
+    rng = np.random.default_rng(7)
+    x, g = (rng.standard_normal(s).astype(np.float32) for s in ((4, 6), (4, 2)))
+    graph, _ = lower(hlo_text(fn, x, g, stage="pre"))
+    (got,), want = run(graph, x, g), np.asarray(jax.jit(fn)(x, g))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

@@ -82,7 +82,10 @@ def _one_hot_scatter_add(ctx: Ctx, eqn: Any, ins: list[int]) -> int | None:
         out = operand + moveaxis(onehot(i, n)^T . updates, 0, k),  onehot(i, n) = (i == iota(n))
 
     fill_or_drop drops the rows of out-of-range indices (an all-zero one-hot row);
-    clip clamps the indices first. None when the scatter has another form."""
+    clip clamps the indices first; promise_in_bounds (jax.grad of lax.top_k and
+    jnp.sort: indices that the forward computed in range) leaves an out-of-range
+    index undefined, and dropping it is one of its meanings. None when the scatter
+    has another form."""
     operand, indices_t, updates = ins
     dn = eqn.params["dimension_numbers"]
     mode = str(eqn.params.get("mode"))
@@ -90,7 +93,8 @@ def _one_hot_scatter_add(ctx: Ctx, eqn: Any, ins: list[int]) -> int | None:
     op_shape, idx, upd = g.tensors[operand].shape, g.tensors[indices_t], g.tensors[updates]
     if len(dn.inserted_window_dims) != 1 or \
             tuple(dn.scatter_dims_to_operand_dims) != tuple(dn.inserted_window_dims) or \
-            not idx.shape or idx.shape[-1] != 1 or ("FILL_OR_DROP" not in mode and "CLIP" not in mode):
+            not idx.shape or idx.shape[-1] != 1 or not any(
+                m in mode for m in ("FILL_OR_DROP", "CLIP", "PROMISE_IN_BOUNDS")):
         return None
     k = int(dn.inserted_window_dims[0])
     if tuple(dn.operand_batching_dims) or tuple(dn.scatter_indices_batching_dims):
