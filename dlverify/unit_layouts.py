@@ -56,6 +56,9 @@ is read from that program:
 * chains may hold unit-stride slices: a slice under a transpose (XLA transposes the
   fused QKV projection once, then slices q and v) is written as the slice of the box of
   x it keeps, then the program's pair.
+* dlverify/unit_placement.py: a unit move under a transpose in one form on both graphs
+  before the chains are read, and a dot operand's deleted size-1 dims read through the
+  transpose a sequential dot reads there (a query's weight gradient, one head per rank).
 
 All rewrite the distributed graph by identities only; the sequential program only
 chooses among equal forms, so a wrong choice costs a relation, never soundness.
@@ -71,6 +74,8 @@ import numpy as np
 
 from dlverify.ir import CHAIN_DEPTH, Graph, IdAllocator, Op
 from dlverify.simplify_forms import _FormRules
+from dlverify.unit_placement import (canonical_units, deleted_units_transposed, merged_dims_split,
+                                     transposed_operands)
 
 if TYPE_CHECKING:
     from dlverify.simplify import _Simplifier
@@ -145,7 +150,9 @@ def lone_units_batched(s: "_Simplifier", op: Op) -> bool:
     p = op.params
     ranks = [len(s.shape(t)) for t in op.inputs]
     units = _lone_units(p, [s.shape(t) for t in op.inputs])
-    if not any(units) or _roles(p, *ranks) in partner:
+    if not any(units):
+        return merged_dims_split(s, op, partner)    # (unit_placement.py)
+    if _roles(p, *ranks) in partner:
         return False
     side = 0 if units[0] else 1
     key, okey = ("lhs", "rhs")[side], ("lhs", "rhs")[1 - side]
@@ -326,24 +333,44 @@ class _Target(NamedTuple):
     end_rank: int
 
 
+def _pair_form(ys: tuple[int, ...], out: tuple[int, ...], t: _Target) -> tuple[int, ...] | None:
+    """The shape between the two ops when a tensor of shape ys goes to `out` in t's
+    form, its blocks fitting t's (each dim dividing t's), else None."""
+    if t.start_rank != len(ys) or t.end_rank != len(out) or len(t.perm) != len(
+            out if t.first == "reshape" else ys):
+        return None
+    c = _inverse_permuted(out, t.perm) if t.first == "reshape" else \
+        tuple(ys[d] for d in t.perm)
+    if math.prod(c) != math.prod(ys) or any(m % n for n, m in zip(c, t.mid)):
+        return None
+    return c
+
+
+def _targets(seq: Graph) -> list[_Target]:
+    """The sequential layout pairs, in program order, each once."""
+    producer = seq.producer()
+    targets: list[_Target] = []
+    for op in seq.ops:
+        under = producer.get(op.inputs[0]) if op.inputs else None
+        if under is None or {op.kind, under.kind} != {"reshape", "transpose"}:
+            continue
+        perm = op if op.kind == "transpose" else under
+        target = _Target(under.kind, tuple(perm.params["permutation"]),
+                         seq.tensors[under.output].shape,
+                         len(seq.tensors[under.inputs[0]].shape), len(seq.tensors[op.output].shape))
+        if target not in targets:
+            targets.append(target)
+    return targets
+
+
 class _UnitLayouts(_FormRules):
     """unit_layouts_as_sequential's pass over the distributed graph."""
 
     def __init__(self, graph: Graph, ids: IdAllocator, seq: Graph) -> None:
         super().__init__(graph, ids)
         self.partner_dots = dot_roles(seq)
-        producer = seq.producer()
-        self.targets: list[_Target] = []       # in program order, each once
-        for op in seq.ops:
-            under = producer.get(op.inputs[0]) if op.inputs else None
-            if under is None or {op.kind, under.kind} != {"reshape", "transpose"}:
-                continue
-            perm = op if op.kind == "transpose" else under
-            target = _Target(under.kind, tuple(perm.params["permutation"]),
-                             seq.tensors[under.output].shape,
-                             len(seq.tensors[under.inputs[0]].shape), len(seq.tensors[op.output].shape))
-            if target not in self.targets:
-                self.targets.append(target)
+        self.targets = _targets(seq)
+        self.transposed = transposed_operands(seq)   # (deleted_units_transposed's)
 
     def bases(self, op: Op):
         """(y, the ops from y's reader to op) for each tensor y that op's chain of
@@ -380,25 +407,13 @@ class _UnitLayouts(_FormRules):
         hi = tuple(int(a.max()) + 1 for a in at)
         return (lo, hi) if math.prod(b - a for a, b in zip(lo, hi)) == moved.size else None
 
-    def _form(self, ys: tuple[int, ...], out: tuple[int, ...], t: _Target) -> tuple[int, ...] | None:
-        """The shape between the two ops when a tensor of shape ys goes to `out` in t's
-        form, its blocks fitting t's (each dim dividing t's), else None."""
-        if t.start_rank != len(ys) or t.end_rank != len(out) or len(t.perm) != len(
-                out if t.first == "reshape" else ys):
-            return None
-        c = _inverse_permuted(out, t.perm) if t.first == "reshape" else \
-            tuple(ys[d] for d in t.perm)
-        if math.prod(c) != math.prod(ys) or any(m % n for n, m in zip(c, t.mid)):
-            return None
-        return c
-
     def rewrite(self, op: Op) -> bool:
         out = self.shape(op.output)
         chains = list(self.bases(op))
         if len(chains) > 1:
             near = chains[1][1]                    # (op and the op under it)
             if [o.kind for o in near] in (["reshape", "transpose"], ["transpose", "reshape"]) \
-                    and any(self._form(self.shape(chains[1][0]), out, t)
+                    and any(_pair_form(self.shape(chains[1][0]), out, t)
                             == self.shape(near[0].output)
                             and tuple(near[near[0].kind == "reshape"].params["permutation"])
                             == t.perm and t.first == near[0].kind for t in self.targets):
@@ -414,7 +429,7 @@ class _UnitLayouts(_FormRules):
                 continue
             moved = None
             for t in self.targets:
-                c = self._form(ys, out, t)
+                c = _pair_form(ys, out, t)
                 if c is None:
                     continue
                 index = np.arange(math.prod(self.shape(y))).reshape(self.shape(y))
@@ -478,7 +493,8 @@ class _UnitLayouts(_FormRules):
                     and all(r.kind in ("reshape", "transpose") for r in taken):
                 pass                               # (its readers take it: the whole chain)
             elif op.kind in ("reshape", "transpose") and op.inputs and self.rewrite(op) \
-                    or self.lone_units_deleted(op):
+                    or self.lone_units_deleted(op) \
+                    or deleted_units_transposed(self, op, self.transposed):
                 changed = True
                 continue
             self.out.append(op)
@@ -492,8 +508,19 @@ _POST_PASSES = 4   # (a dot's operand deleted in one pass is a chain the next on
 
 
 def unit_layouts_as_sequential(seq: Graph, dist: Graph, ids: IdAllocator) -> bool:
-    """Rewrite `dist` in place (see the module docstring); whether anything changed."""
-    changed = False
+    """Rewrite `dist` in place (see the module docstring); whether anything changed.
+    The pairs of a unit move and a transpose are first written in one form each, on both
+    graphs (unit_placement.canonical_units; on `dist`, not those already in the form of a
+    sequential pair)."""
+    canonical_units(seq, ids)
+    targets = _targets(seq)
+    def written(ys: tuple[int, ...], mid: tuple[int, ...], perm: tuple[int, ...],
+                out: tuple[int, ...]) -> bool:
+        """Whether a pair is so written as a sequential reshape-then-transpose (kept:
+        the chains would move it back)."""
+        return any(t.first == "reshape" and t.perm == perm and _pair_form(ys, out, t) == mid
+                   for t in targets)
+    changed = canonical_units(dist, ids, written)
     for _ in range(_POST_PASSES):
         if not _UnitLayouts(dist, ids, seq).run():
             break

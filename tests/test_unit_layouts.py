@@ -6,7 +6,9 @@ places every element alike. Each rewrite is checked numerically with the shared
 evaluator (and where it must not fire); a hand-written HLO pair (two KV heads, one per
 rank, the head sliced out of the K projection without its size-1 dim, as XLA writes it)
 verifies, its twin slicing the other head does not and is located; the compiled GQA
-example and its wrong-head twin likewise."""
+example and its wrong-head twin likewise. dlverify/unit_placement.py: a unit move under a
+transpose in one form, and a deleted head read through the program's transpose (the
+compiled GQA training step verifies, its averaged-gradient twin is located)."""
 from __future__ import annotations
 
 import copy
@@ -20,6 +22,7 @@ from dlverify.interpret import Interpreter
 from dlverify.ir import Graph
 from dlverify.simplify import simplify_graph
 from dlverify.unit_layouts import dot_roles, unit_layouts_as_sequential
+from dlverify.unit_placement import canonical_form, canonical_units
 
 
 def _same_values(before: Graph, after: Graph, in_shapes) -> None:
@@ -351,3 +354,125 @@ def test_compiled_gqa_forward_verifies_and_its_wrong_head_twin_does_not(tmp_path
     gqa = example_module("gqa_replicated_kv")
     assert_compiled_case_and_twin(tmp_path, gqa.gqa_two_kv_heads_tp4_forward(),
                                   gqa.gqa_bug_wrong_kv_head())
+
+
+# ------------------------------------------------------------------ one form per unit move (unit_placement.py)
+
+def _k_then_v(b, k, v):
+    """The sequential normal form with one KV head: k^T as [s, d] -> [1, s, d] moved by
+    (0, 2, 1), v^T as [s, d] -> [s, 1, d] moved by (1, 2, 0): one data movement, two forms."""
+    kt = b.op("transpose", [b.op("reshape", [k], (1, 3, 4), "float32")], (1, 4, 3), "float32",
+              {"permutation": (0, 2, 1)})
+    vt = b.op("transpose", [b.op("reshape", [v], (3, 1, 4), "float32")], (1, 4, 3), "float32",
+              {"permutation": (1, 2, 0)})
+    return b.op("add", [kt, vt], (1, 4, 3), "float32")
+
+
+def _unit_pairs(g: Graph):
+    producer = g.producer()
+    return {(g.tensors[producer[op.inputs[0]].output].shape, tuple(op.params["permutation"]))
+            for op in g.ops if op.kind == "transpose"}
+
+
+def test_a_unit_move_under_a_transpose_has_one_form():
+    g, ids = _graph(_k_then_v, [(3, 4), (3, 4)])
+    before = copy.deepcopy(g)
+    assert canonical_units(g, ids)
+    _same_values(before, g, [(3, 4), (3, 4)])
+    assert _unit_pairs(g) == {((1, 3, 4), (0, 2, 1))}        # the size-1 dim where the result has it
+    assert not canonical_units(g, ids)                         # a fixpoint
+
+
+def test_a_transpose_of_sized_dims_or_of_units_only_keeps_its_form():
+    # [s, g*d] -> [s, g, d] (g = 2: no unit move) and a transpose moving the size-1 dim only
+    # (one reshape, simplify.py's): canonical_form leaves both
+    assert canonical_form((3, 8), (3, 2, 4), (1, 2, 0), (2, 4, 3)) is None
+    assert canonical_form((3, 4), (3, 1, 4), (1, 0, 2), (1, 3, 4)) is None
+    g, ids = _graph(lambda b, x: b.op("transpose", [b.op("reshape", [x], (3, 2, 4), "float32")],
+                                      (2, 4, 3), "float32", {"permutation": (1, 2, 0)}), [(3, 8)])
+    assert not canonical_units(g, ids)
+
+
+def _weight_gradient(b, dy, x, heads):
+    """x^T dy over (b, s): dy [b, g, s, d] transposed to [b, s, g, d], g kept free ([e, g, d]);
+    a rank with g = 1 reads dy with g deleted, as XLA writes it ([e, d])."""
+    if heads == 1:
+        r = b.op("reshape", [dy], (2, 3, 4), "float32")
+        return _dot(b, x, r, (5, 4), (1, 2), (0, 1))
+    t = b.op("transpose", [dy], (2, 3, heads, 4), "float32", {"permutation": (0, 2, 1, 3)})
+    return _dot(b, x, t, (5, heads, 4), (1, 2), (0, 1))
+
+
+def test_a_deleted_unit_is_read_through_the_programs_transpose():
+    seq, _ = _graph(lambda b, dy, x: _weight_gradient(b, dy, x, 2), [(2, 2, 3, 4), (5, 2, 3)])
+    shapes = [(2, 1, 3, 4), (5, 2, 3)]
+    g, ids = _graph(lambda b, dy, x: _weight_gradient(b, dy, x, 1), shapes)
+    before = copy.deepcopy(g)
+    assert unit_layouts_as_sequential(seq, g, ids)
+    _same_values(before, g, shapes)
+    (dot,) = _dots(g)
+    producer = g.producer()
+    assert producer[dot.inputs[1]].kind == "transpose" and g.tensors[dot.output].shape == (5, 1, 4)
+    assert not unit_layouts_as_sequential(seq, g, ids)         # a fixpoint
+
+
+@pytest.mark.parametrize("perm", [(0, 3, 1, 2), None])
+def test_a_deleted_unit_stays_deleted_without_the_programs_transpose(perm):
+    # the program's transpose moves sized dims (s after d: not a unit move of y), or it
+    # reads dy untransposed: the dot keeps its operand
+    def seq_build(b, dy, x):
+        if perm is None:
+            return _dot(b, x, dy, (5, 2, 4), (1, 2), (0, 2))
+        t = b.op("transpose", [dy], (2, 4, 2, 3), "float32", {"permutation": perm})
+        return _dot(b, x, t, (5, 4, 2), (1, 2), (0, 3))
+    seq, _ = _graph(seq_build, [(2, 2, 3, 4), (5, 2, 3)])
+    g, ids = _graph(lambda b, dy, x: _weight_gradient(b, dy, x, 1), [(2, 1, 3, 4), (5, 2, 3)])
+    unit_layouts_as_sequential(seq, g, ids)
+    (dot,) = _dots(g)
+    assert g.tensors[dot.output].shape == (5, 4)
+
+
+def test_compiled_gqa_training_verifies_and_its_averaged_gradient_twin_is_located(tmp_path):
+    gqa = example_module("gqa_replicated_kv")
+    assert_compiled_case_and_twin(tmp_path, gqa.gqa_two_kv_heads_tp4_train(),
+                                  gqa.gqa_bug_k_grad_averaged_over_replicas())
+
+
+
+def _output_projection_gradient(b, o, dy, merged):
+    """The weight gradient of the output projection over (b, s): o [b, g, s, j, d] read as
+    [g, j, d, b, s] (the program's), or, `merged`, as XLA's [b, s, g*j*d] transposed to
+    [g*j*d, b, s] (a rank with g = 1: the head deleted, j and d merged)."""
+    bs, g, s, j, d = b.graph.tensors[o].shape
+    if merged:
+        r = b.op("reshape", [o], (bs, s, g * j * d), "float32")
+        t = b.op("transpose", [r], (g * j * d, bs, s), "float32", {"permutation": (2, 0, 1)})
+        return _dot(b, t, dy, (g * j * d, 5), (1, 2), (0, 1))
+    t = b.op("transpose", [o], (g, j, d, bs, s), "float32", {"permutation": (1, 3, 4, 0, 2)})
+    return _dot(b, t, dy, (g, j, d, 5), (3, 4), (0, 1))
+
+
+def test_merged_dims_and_a_deleted_head_are_split_as_the_program_reads_them():
+    partner = _partner(lambda b, o, dy: _output_projection_gradient(b, o, dy, False),
+                       [(2, 2, 3, 2, 4), (2, 3, 5)])
+    shapes = [(2, 1, 3, 2, 4), (2, 3, 5)]
+    g, ids = _graph(lambda b, o, dy: _output_projection_gradient(b, o, dy, True), shapes)
+    before = copy.deepcopy(g)
+    simplify_graph(g, ids, partner=partner)
+    _same_values(before, g, shapes)
+    (dot,) = _dots(g)
+    assert g.tensors[dot.output].shape == (1, 2, 4, 5)           # g, j, d free, as the program
+    assert not simplify_graph(g, ids, partner=partner)            # a fixpoint
+
+
+def test_merged_dims_stay_merged_where_the_program_merges_them():
+    # the rule's twin: the program's dot reads [g*j*d, b, s] too (the rank's dot fits as it
+    # is), or there is no program to read (the sequential graph): the dot keeps its operand
+    partner = _partner(lambda b, o, dy: _output_projection_gradient(b, o, dy, True),
+                       [(2, 2, 3, 2, 4), (2, 3, 5)])
+    shapes = [(2, 1, 3, 2, 4), (2, 3, 5)]
+    for p in (partner, None):
+        g, ids = _graph(lambda b, o, dy: _output_projection_gradient(b, o, dy, True), shapes)
+        simplify_graph(g, ids, partner=p)
+        (dot,) = _dots(g)
+        assert len(g.tensors[dot.output].shape) == 2

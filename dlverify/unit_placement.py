@@ -1,0 +1,303 @@
+"""Size-1 dims placed alike on the two sides around transposes and the dots that read
+them (more of dlverify/unit_layouts.py's pass after the normal form).
+
+A transpose of a reshape that only inserts, deletes or moves size-1 dims has many equal
+forms: the size-1 dims may sit anywhere in the reshape's result, the transpose putting
+them where the result has them. Which one a program holds depends on which dot read the
+value first: with one KV head (g = 1 in the program too) the sequential normal form holds
+k^T as [b, s, d] -> [b, 1, s, d] moved by (0, 1, 3, 2) and v^T as [b, s, d] -> [b, s, 1, d]
+moved by (0, 2, 3, 1). The rules pair a transpose with a transpose of the same
+permutation (datalog/layout.dl), and unit_layouts' chains take the sequential program's
+form for the distributed one, which is ambiguous when the sequential program holds both.
+
+* `canonical_units` (both graphs, before the chains are read): such a pair is written
+  with its size-1 dims where the result has them and a transpose fixing them
+  (canonical_form), one form per data movement. Where the sequential dim is sized the
+  distributed chain then takes the sequential pair's form as before (unit_layouts'
+  chains); where both are size 1 both sides now hold one form.
+* `deleted_units_transposed` (the distributed graph): a dot operand reshape(y) that only
+  deletes size-1 dims of y reads transpose(y, P) instead, the deleted dims free dims of
+  the dot (the result reshaped back), when P is the permutation of a transpose that a
+  sequential dot reads on that side and the new dot could compute a block of that dot
+  (unit_layouts._fits) where the old one could not, and when P keeps y's sized dims in
+  their order (so reshape(transpose(y, P)) is reshape(y): size-1 dims hold one index).
+  With one head per rank XLA deletes the head dim before the query's weight gradient
+  x^T dq, [D, b*s] x [b*s, j*d]; the program transposes dq [b, g, s, j, d] to
+  [b, s, g, j, d] and keeps g free ([D, g, j, d]).
+
+* `merged_dims_split` (the distributed graph, in the normal form's pass, from
+  unit_layouts.lone_units_batched): a dot operand transpose(reshape(y)) whose reshape
+  deletes size-1 dims and merges free dims reads transpose(y, Q) with the runs apart and
+  the size-1 dims free, where that fits a sequential dot and the dot as it is does not
+  (the attention output's [b, s, j*d] for the output projection's weight gradient, where
+  the program reads [g, j, d, b, s]); the transpose then meets the dot under it
+  (simplify_layouts.transposed_dot) as the program's does.
+
+Each is an identity of data movement; the sequential program only chooses among equal
+forms, so a wrong choice costs a relation, never soundness. tests/test_unit_layouts.py
+checks each numerically and where it must not fire.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Callable, NamedTuple
+
+from dlverify.ir import Graph, IdAllocator, Op
+from dlverify.rewrites import _drop_newly_dead, _Rewriter, _unused
+from dlverify.simplify_forms import _merge_groups, _unit_deletion
+
+
+def _sized(shape: tuple[int, ...]) -> list[int]:
+    """The dims of `shape` of size > 1, in order."""
+    return [d for d, n in enumerate(shape) if n != 1]
+
+
+def canonical_form(ys: tuple[int, ...], mid: tuple[int, ...], perm: tuple[int, ...],
+                   out: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """For transpose(reshape(y, mid), perm) of shape `out`, the reshape only inserting,
+    deleting or moving size-1 dims of y and the transpose moving sized dims: (C, P), the
+    shape of y reshaped with its sized dims in order at out's sized places and its
+    size-1 dims at out's, and the transpose of it giving the same result (fixing the
+    size-1 dims). None when the pair is no such pair."""
+    if [n for n in ys if n != 1] != [n for n in mid if n != 1]:
+        return None
+    rank = {d: k for k, d in enumerate(_sized(mid))}
+    places = _sized(out)
+    order = [rank[perm[j]] for j in places]      # out's i-th sized dim is mid's order[i]-th
+    if order == sorted(order):
+        return None                                # (moves no element: one reshape)
+    ysized = [n for n in ys if n != 1]
+    c = list(out)
+    p = list(range(len(out)))
+    for i, j in enumerate(places):
+        c[j] = ysized[i]                           # (y's sized dims in y's order)
+        p[j] = places[order[i]]
+    return tuple(c), tuple(p)
+
+
+class _CanonicalUnits(_Rewriter):
+    """canonical_units' pass: each transpose(reshape(y)) of the module docstring in its
+    canonical form (canonical_form), except those `keep` (y's shape, the reshape's, the
+    permutation, the result's) holds."""
+
+    def __init__(self, graph: Graph, ids: IdAllocator,
+                 keep: Callable[..., bool] | None = None) -> None:
+        super().__init__(graph, ids)
+        self.keep = keep
+
+    def run(self) -> bool:
+        unused_before = _unused(self.g)
+        changed = False
+        for op in self.g.ops:
+            op.inputs = [self.alias.get(i, i) for i in op.inputs]
+            if self.rewrite(op):
+                changed = True
+                continue
+            self.out.append(op)
+            self.producer[op.output] = op
+        if changed:
+            self.g.ops = self.out
+            _drop_newly_dead(self.g, unused_before)
+        return changed
+
+    def rewrite(self, op: Op) -> bool:
+        r = self.producer.get(op.inputs[0]) if op.kind == "transpose" else None
+        if r is None or r.kind != "reshape":
+            return False
+        y, perm = r.inputs[0], tuple(op.params["permutation"])
+        shapes = (self.shape(y), self.shape(r.output), perm, self.shape(op.output))
+        form = canonical_form(*shapes)
+        if form is None or form == shapes[1:3] or self.keep is not None and self.keep(*shapes):
+            return False
+        c, p = form
+        dtype = self.g.tensors[op.output].dtype
+        x = y if c == self.shape(y) else self.new_op("reshape", [y], c, dtype, {}, r)
+        self.new_op("transpose", [x], self.shape(op.output), dtype, {"permutation": p}, op,
+                    output=op.output)
+        return True
+
+
+def canonical_units(g: Graph, ids: IdAllocator, keep: Callable[..., bool] | None = None) -> bool:
+    """Rewrite `g` in place (see the module docstring), not the pairs `keep` holds (see
+    _CanonicalUnits); whether anything changed."""
+    return _CanonicalUnits(g, ids, keep).run()
+
+
+class TransposedOperand(NamedTuple):
+    """A sequential dot reading a transpose on one side: the side, the permutation, the
+    transpose's operand shape, and the dot's sizes by role (unit_layouts._dot_sizes)."""
+
+    side: int
+    perm: tuple[int, ...]
+    source: tuple[int, ...]
+    sizes: tuple
+
+
+def transposed_operands(g: Graph) -> list[TransposedOperand]:
+    """Each (dot, side) of g whose operand is a transpose, once."""
+    from dlverify.unit_layouts import _dot_sizes
+    producer = g.producer()
+    found: list[TransposedOperand] = []
+    for op in g.ops:
+        if op.kind != "dot_general" or len(op.inputs) != 2:
+            continue
+        shapes = [g.tensors[t].shape for t in op.inputs]
+        for side, t in enumerate(op.inputs):
+            tr = producer.get(t)
+            if tr is None or tr.kind != "transpose":
+                continue
+            entry = TransposedOperand(side, tuple(tr.params["permutation"]),
+                                      g.tensors[tr.inputs[0]].shape,
+                                      _dot_sizes(op.params, *shapes))
+            if entry not in found:
+                found.append(entry)
+    return found
+
+
+def deleted_units_transposed(rw, op: Op, targets: list[TransposedOperand]) -> bool:
+    """See the module docstring: `rw` a rewriter of the distributed graph (new_op, shape,
+    producer, _dot_then_unit_reshape), `targets` the sequential transposed_operands."""
+    from dlverify.unit_layouts import _fits
+    if op.kind != "dot_general" or len(op.inputs) != 2 or not targets:
+        return False
+    shapes = [rw.shape(t) for t in op.inputs]
+    for side, key in ((0, "lhs"), (1, "rhs")):
+        r = rw.producer.get(op.inputs[side])
+        if r is None or r.kind != "reshape":
+            continue
+        y = r.inputs[0]
+        ys = rw.shape(y)
+        found = _unit_deletion(ys, shapes[side])
+        if found is None:
+            continue
+        kept, _ = found
+        for target in targets:
+            if target.side != side or len(target.source) != len(ys) or any(
+                    m % n for n, m in zip(ys, target.source)):
+                continue
+            perm = target.perm
+            sized = [d for d in perm if ys[d] != 1]
+            if sized != sorted(sized):
+                continue                           # (moves elements: no unit move)
+            at = {d: perm.index(d) for d in range(len(ys))}     # y's dim -> transposed dim
+            q = dict(op.params)
+            for role in ("batch", "contract"):
+                q[f"{key}_{role}"] = tuple(at[kept[d]] for d in op.params[f"{key}_{role}"])
+            new_shapes = list(shapes)
+            new_shapes[side] = tuple(ys[d] for d in perm)
+            one = _one_dot(*target.sizes)
+            if _fits(op.params, *shapes, one) or not _fits(q, *new_shapes, one):
+                continue
+            x = rw.new_op("transpose", [y], new_shapes[side], rw.g.tensors[y].dtype,
+                          {"permutation": perm}, r)
+            ins = list(op.inputs)
+            ins[side] = x
+            return rw._dot_then_unit_reshape(op, ins, q)
+    return False
+
+def _insertions(mine: tuple[int, ...], theirs: tuple[int, ...]) -> list[int] | None:
+    """Where len(theirs) - len(mine) size-1 dims go among `mine` (for each: how many of
+    mine precede it) so that the sizes in order divide `theirs` (a rank's block), the
+    leftmost choice; None when none does."""
+    extra = len(theirs) - len(mine)
+    if extra < 0:
+        return None
+    for places in itertools.combinations(range(len(theirs)), extra):
+        it = iter(mine)
+        grown = [1 if j in places else next(it) for j in range(len(theirs))]
+        if all(t % n == 0 for n, t in zip(grown, theirs)):
+            return [j - i for i, j in enumerate(places)]
+    return None
+
+
+def merged_dims_split(rw, op: Op, partner) -> bool:
+    """A dot operand transpose(reshape(y)) (or reshape(y)) whose reshape deletes size-1
+    dims of y and merges runs of its sized dims into free dims of the dot reads
+    transpose(y, Q) instead: each merged free dim its run of y's dims again, y's size-1
+    dims free dims where the sizes in order divide a sequential dot's (unit_layouts._fits),
+    which the dot as it is could not; the result reshaped back (the runs merged, the
+    size-1 dims deleted: row-major order is kept). With one head per rank the attention
+    output o [b, 1, s, j, d] reaches the output projection's weight gradient as
+    [b, s, j*d] transposed to [j*d, b, s]; the program's dot reads [g, j, d, b, s].
+    `rw` a rewriter of the distributed graph, `partner` the sequential dot_roles."""
+    from dlverify.unit_layouts import _dot_sizes, _fits
+    if op.kind != "dot_general" or len(op.inputs) != 2:
+        return False
+    p = op.params
+    shapes = [rw.shape(t) for t in op.inputs]
+    if _fits(p, *shapes, partner):
+        return False
+    for side, key in ((0, "lhs"), (1, "rhs")):
+        t = op.inputs[side]
+        tr = rw.producer.get(t)
+        perm = tuple(range(len(shapes[side])))
+        if tr is not None and tr.kind == "transpose":
+            perm, tr = tuple(tr.params["permutation"]), rw.producer.get(tr.inputs[0])
+        if tr is None or tr.kind != "reshape":
+            continue
+        y = tr.inputs[0]
+        ys, mid = rw.shape(y), rw.shape(tr.output)
+        runs = _merge_groups(ys, mid)
+        if runs is None or 1 in mid:
+            continue
+        units = [d for d, n in enumerate(ys) if n == 1]
+        runs = [[d for d in run if ys[d] != 1] for run in runs]
+        roles = set(p[f"{key}_batch"]) | set(p[f"{key}_contract"])
+        if any(len(runs[perm[i]]) != 1 for i in roles) or not units and all(
+                len(run) == 1 for run in runs):
+            continue                                # (batch and contracted dims unmerged)
+        free = [i for i in range(len(perm)) if i not in roles]
+        sized_free = tuple(ys[d] for i in free for d in runs[perm[i]])
+        other = shapes[1 - side]
+        b = _dot_sizes(p, *shapes)[0]
+        for tb, tl, tr_sizes, tc in sorted(partner.shapes):
+            theirs = tl if side == 0 else tr_sizes
+            places = _insertions(sized_free, theirs) if len(units) == len(theirs) - len(
+                sized_free) else None
+            if places is None:
+                continue
+            # the operand in the dot's standard order: batch, then free (lhs) or
+            # contracted (rhs), then the other; the free dims expanded, units placed
+            order_free: list[int] = []
+            it = iter(units)
+            for k, d in enumerate(x for i in free for x in runs[perm[i]]):
+                order_free += [next(it) for _ in range(places.count(k))] + [d]
+            order_free += list(it)
+            batch = [runs[perm[i]][0] for i in p[f"{key}_batch"]]
+            contract = [runs[perm[i]][0] for i in p[f"{key}_contract"]]
+            q_perm = batch + (order_free + contract if side == 0 else contract + order_free)
+            q = dict(p)
+            q[f"{key}_batch"] = tuple(range(len(batch)))
+            at = len(batch) + (len(order_free) if side == 0 else 0)
+            q[f"{key}_contract"] = tuple(range(at, at + len(contract)))
+            new_shape = tuple(ys[d] for d in q_perm)
+            new_shapes = [new_shape, other] if side == 0 else [other, new_shape]
+            one = _one_dot(tb, tl, tr_sizes, tc)
+            if not _fits(q, *new_shapes, one):
+                continue
+            dtype = rw.g.tensors[op.output].dtype
+            x = rw.new_op("transpose", [y], new_shape, rw.g.tensors[y].dtype,
+                          {"permutation": tuple(q_perm)}, op)
+            ins = [x, op.inputs[1]] if side == 0 else [op.inputs[0], x]
+            lfree = [n for d, n in enumerate(rw.shape(ins[0])) if d not in q["lhs_batch"]
+                     and d not in q["lhs_contract"]]
+            rfree = [n for d, n in enumerate(rw.shape(ins[1])) if d not in q["rhs_batch"]
+                     and d not in q["rhs_contract"]]
+            inner = rw.new_op("dot_general", ins, tuple(b) + tuple(lfree) + tuple(rfree), dtype,
+                              q, op)
+            rw.new_op("reshape", [inner], rw.shape(op.output), dtype, {}, op, output=op.output)
+            return True
+    return False
+
+
+def _one_dot(*sizes):
+    """A PartnerDots holding one sequential dot's sizes (for _fits)."""
+    from dlverify.unit_layouts import PartnerDots
+    one = PartnerDots([])
+    one.shapes = frozenset([tuple(sizes)])
+    return one
+
+
+
+__all__ = ["canonical_form", "canonical_units", "deleted_units_transposed",
+           "merged_dims_split", "transposed_operands"]
