@@ -457,6 +457,8 @@ RULE_FAMILIES: tuple[RuleFamily, ...] = (
             "a zero block inside a sequential zero pad's padding"),
     _family(30, "Key_PadExtend", "halo.dl", "pad",
             "a distributed zero pad of a block, extended into the sequential padding"),
+    _family(31, "Key_CatDynSlice", "concat_windows.dl", "dynamic_slice",
+            "a dynamic_slice of a distributed concatenation inside one operand"),
 )
 CONSTANTS: tuple[Constant, ...] = (UNIT, *REDUCER_CONSTANTS, *TAG_CONSTANTS,
                                    *(f.const for f in RULE_FAMILIES))
