@@ -433,25 +433,56 @@ class _LayoutRules(_Rewriter):
                            self.g.tensors[x].dtype, {"permutation": tuple(order)}, like)
 
     def transpose_into_elementwise(self, op: Op) -> bool:
-        """A transpose of an elementwise op of one tensor and splats (broadcasts of a
-        scalar) is the op of the transposed tensor and the splats at the new shape:
-        the scaling XLA moves between a dot and its transpose (q k^T * 0.5, then
-        transposed) does not keep the transpose from the dot."""
+        """A transpose of an elementwise op of one tensor, splats (broadcasts of a
+        scalar) and broadcasts of smaller tensors is the op of the transposed tensor and
+        the splats and broadcasts at the new shape (each broadcast's dims where the
+        transpose sends them, its operand transposed to keep them in order): the scaling
+        XLA moves between a dot and its transpose (q k^T * 0.5, then transposed) does not
+        keep the transpose from the dot, nor does RoPE's cos table broadcast into the
+        layout XLA rotates q in ([b, g, s, j, d], then transposed to the program's
+        [b, s, g, j, d]). With a broadcast table only when the transpose is the op's one
+        reader: the op itself moves to the new layout, as no other reader keeps it in
+        the old one (a bias added, then read by the next dot and transposed for a weight
+        gradient, stays, as the side that gathers it before the transpose keeps it)."""
         e = self.producer.get(op.inputs[0])
         if e is None or KINDS[e.kind].family is not Family.ELEMENTWISE:
             return False
         # (scalar_of_splat: the _Simplifier's (dlverify/simplify.py), which this joins)
         scalars = [self.scalar_of_splat(t) for t in e.inputs]
-        if sum(1 for s in scalars if s is None) != 1:
+        tables = [None if s is not None else self._broadcast_table(t) for t, s in zip(e.inputs, scalars)]
+        if sum(1 for s, b in zip(scalars, tables) if s is None and b is None) != 1:
             return False
+        if any(tables) and [o.output for o in self.readers(e.output)] != [op.output]:
+            return False     # (a table's op read elsewhere too stays whole: a bias added
+            # before a transposed weight gradient and the next layer's dot alike)
+        perm = list(op.params["permutation"])
         shape = self.shape(op.output)
-        ins = [self._transposed(t, list(op.params["permutation"]), op) if s is None else
-               self.new_op("broadcast_in_dim", [s], shape, self.g.tensors[t].dtype,
-                           {"broadcast_dimensions": ()}, self.producer[t])
-               for t, s in zip(e.inputs, scalars)]
+        ins = []
+        for t, s, b in zip(e.inputs, scalars, tables):
+            dtype = self.g.tensors[t].dtype
+            if s is not None:
+                ins.append(self.new_op("broadcast_in_dim", [s], shape, dtype,
+                                       {"broadcast_dimensions": ()}, self.producer[t]))
+            elif b is not None:
+                dims = [perm.index(d) for d in b.params["broadcast_dimensions"]]
+                order = sorted(range(len(dims)), key=dims.__getitem__)
+                table = self._transposed(b.inputs[0], order, b)
+                q = dict(b.params)
+                q["broadcast_dimensions"] = tuple(sorted(dims))
+                ins.append(self.new_op("broadcast_in_dim", [table], shape, dtype, q, b))
+            else:
+                ins.append(self._transposed(t, perm, op))
         self.new_op(e.kind, ins, shape, self.g.tensors[op.output].dtype, e.params, e,
                     output=op.output)
         return True
+
+    def _broadcast_table(self, t: int) -> Op | None:
+        """t's producer when it broadcasts a tensor of lower rank (not a scalar)."""
+        b = self.producer.get(t)
+        if b is None or b.kind != "broadcast_in_dim" or len(b.inputs) != 1:
+            return None
+        rank = len(self.shape(b.inputs[0]))
+        return b if 0 < rank < len(self.shape(t)) else None
 
     # ------------------------------------------------- concatenations, slices
     def transpose_into_concatenate(self, op: Op) -> bool:
