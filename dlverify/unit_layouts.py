@@ -74,8 +74,8 @@ import numpy as np
 
 from dlverify.ir import CHAIN_DEPTH, Graph, IdAllocator, Op
 from dlverify.simplify_forms import _FormRules
-from dlverify.unit_placement import (canonical_units, deleted_units_transposed, merged_dims_split,
-                                     transposed_operands)
+from dlverify.unit_placement import (canonical_units, deleted_units_transposed, free_units_placed,
+                                     merged_dims_split, transposed_operands, transposed_reshapes)
 
 if TYPE_CHECKING:
     from dlverify.simplify import _Simplifier
@@ -371,6 +371,7 @@ class _UnitLayouts(_FormRules):
         self.partner_dots = dot_roles(seq)
         self.targets = _targets(seq)
         self.transposed = transposed_operands(seq)   # (deleted_units_transposed's)
+        self.merges = transposed_reshapes(seq)        # (free_units_placed's)
 
     def bases(self, op: Op):
         """(y, the ops from y's reader to op) for each tensor y that op's chain of
@@ -494,7 +495,8 @@ class _UnitLayouts(_FormRules):
                 pass                               # (its readers take it: the whole chain)
             elif op.kind in ("reshape", "transpose") and op.inputs and self.rewrite(op) \
                     or self.lone_units_deleted(op) \
-                    or deleted_units_transposed(self, op, self.transposed):
+                    or deleted_units_transposed(self, op, self.transposed) \
+                    or free_units_placed(self, op, self.merges):
                 changed = True
                 continue
             self.out.append(op)

@@ -33,6 +33,11 @@ form for the distributed one, which is ambiguous when the sequential program hol
   the program reads [g, j, d, b, s]); the transpose then meets the dot under it
   (simplify_layouts.transposed_dot) as the program's does.
 
+* `free_units_placed` (the distributed graph, after the normal form): a dot operand
+  reshape(transpose(y, P)) with its size-1 dims elsewhere than a sequential reshape of a
+  transpose by P puts them (the flattened attention output before the output projection,
+  [b, 1, s, j*d] against the program's [b, s, 1, j*d]) is reshaped to put them there.
+
 Each is an identity of data movement; the sequential program only chooses among equal
 forms, so a wrong choice costs a relation, never soundness. tests/test_unit_layouts.py
 checks each numerically and where it must not fire.
@@ -290,6 +295,53 @@ def merged_dims_split(rw, op: Op, partner) -> bool:
     return False
 
 
+def transposed_reshapes(g: Graph) -> set[tuple]:
+    """Each reshape of a transpose in g: (the permutation, the transpose's result shape,
+    the reshape's result shape)."""
+    producer = g.producer()
+    found = set()
+    for op in g.ops:
+        tr = producer.get(op.inputs[0]) if op.kind == "reshape" and op.inputs else None
+        if tr is not None and tr.kind == "transpose":
+            found.add((tuple(tr.params["permutation"]), g.tensors[tr.output].shape,
+                       g.tensors[op.output].shape))
+    return found
+
+
+def free_units_placed(rw, op: Op, merges: set[tuple]) -> bool:
+    """A dot operand reshape(transpose(y, P)) whose size-1 dims sit elsewhere than in a
+    sequential reshape of a transpose by P (`merges`, transposed_reshapes) of the same
+    rank, whose sizes the rank's divide: the operand reshaped with its size-1 dims where
+    the sequential one has them (a reshape: a size-1 dim holds one index), the dot's
+    result reshaped back. With one KV head the program flattens the attention output to
+    [b, s, 1, j*d] before the output projection; the rank's reshape writes [b, 1, s, j*d].
+    `rw` a rewriter of the distributed graph."""
+    if op.kind != "dot_general" or len(op.inputs) != 2 or not merges:
+        return False
+    for side in (0, 1):
+        t = op.inputs[side]
+        r = rw.producer.get(t)
+        tr = rw.producer.get(r.inputs[0]) if r is not None and r.kind == "reshape" else None
+        shape = rw.shape(t)
+        if tr is None or tr.kind != "transpose" or 1 not in shape:
+            continue
+        mid = rw.shape(tr.output)
+        for perm, seq_mid, end in sorted(merges):
+            if perm != tuple(tr.params["permutation"]) or len(seq_mid) != len(mid) or any(
+                    m % n for n, m in zip(mid, seq_mid)) or len(end) != len(shape) \
+                    or end.count(1) != shape.count(1):
+                continue
+            it = iter(n for n in shape if n != 1)
+            placed = tuple(1 if n == 1 else next(it) for n in end)
+            if placed == shape or any(m % n for n, m in zip(placed, end)):
+                continue
+            x = rw.new_op("reshape", [t], placed, rw.g.tensors[t].dtype, {}, op)
+            ins = list(op.inputs)
+            ins[side] = x
+            return rw._dot_then_unit_reshape(op, ins, dict(op.params))
+    return False
+
+
 def _one_dot(*sizes):
     """A PartnerDots holding one sequential dot's sizes (for _fits)."""
     from dlverify.unit_layouts import PartnerDots
@@ -299,5 +351,5 @@ def _one_dot(*sizes):
 
 
 
-__all__ = ["canonical_form", "canonical_units", "deleted_units_transposed",
-           "merged_dims_split", "transposed_operands"]
+__all__ = ["canonical_form", "canonical_units", "deleted_units_transposed", "free_units_placed",
+           "merged_dims_split", "transposed_operands", "transposed_reshapes"]

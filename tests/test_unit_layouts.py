@@ -476,3 +476,39 @@ def test_merged_dims_stay_merged_where_the_program_merges_them():
         simplify_graph(g, ids, partner=p)
         (dot,) = _dots(g)
         assert len(g.tensors[dot.output].shape) == 2
+
+
+def _flattened_projection(b, o, w, seq):
+    """The attention output o [b, g, s, j, d] moved to [b, s, g, j, d] and flattened before the
+    output projection w [j*d, n]: by the program to [b, s, 1, j*d] (`seq`), by XLA's rank
+    to [b, 1, s, j*d] (one KV head: g = 1 on both sides)."""
+    t = b.op("transpose", [o], (2, 3, 1, 2, 4), "float32", {"permutation": (0, 2, 1, 3, 4)})
+    r = b.op("reshape", [t], (2, 3, 1, 8) if seq else (2, 1, 3, 8), "float32")
+    return _dot(b, r, w, (2, 3, 1, 5) if seq else (2, 1, 3, 5), (3,), (0,))
+
+
+def test_a_flattened_operands_size_1_dim_goes_where_the_program_puts_it():
+    shapes = [(2, 1, 3, 2, 4), (8, 5)]
+    seq, _ = _graph(lambda b, o, w: _flattened_projection(b, o, w, True), shapes)
+    g, ids = _graph(lambda b, o, w: _flattened_projection(b, o, w, False), shapes)
+    before = copy.deepcopy(g)
+    assert unit_layouts_as_sequential(seq, g, ids)
+    _same_values(before, g, shapes)
+    (dot,) = _dots(g)
+    assert g.tensors[dot.inputs[0]].shape == (2, 3, 1, 8)
+    assert not unit_layouts_as_sequential(seq, g, ids)         # a fixpoint
+
+
+def test_a_flattened_operand_of_another_transpose_keeps_its_size_1_dims():
+    # the rule's twin: the program flattens after another transpose, (0, 1, 3, 2, 4): no
+    # reshape of the rank's transpose to follow, the operand keeps its size-1 dims
+    shapes = [(2, 1, 3, 2, 4), (8, 5)]
+    def seq_build(b, o, w):
+        t = b.op("transpose", [o], (2, 1, 2, 3, 4), "float32", {"permutation": (0, 1, 3, 2, 4)})
+        r = b.op("reshape", [t], (2, 1, 2, 12), "float32")
+        return b.op("reduce_sum", [r], (2, 1, 2), "float32", {"axes": (3,)})
+    seq, _ = _graph(seq_build, shapes)
+    g, ids = _graph(lambda b, o, w: _flattened_projection(b, o, w, False), shapes)
+    unit_layouts_as_sequential(seq, g, ids)
+    (dot,) = _dots(g)
+    assert g.tensors[dot.inputs[0]].shape == (2, 1, 3, 8)
