@@ -53,6 +53,12 @@ def grads_seq(x, w, g, b):
     return jax.grad(lambda *p: jnp.mean(block_seq(x, *p) ** 2), argnums=(0, 1, 2))(w, g, b)
 
 
+def _pmean_grads(block, w, g, b):
+    """Gradients of this rank's mean loss through `block`, averaged over 'dp'."""
+    gr = jax.grad(lambda *p: jnp.mean(block(*p) ** 2), argnums=(0, 1, 2))(w, g, b)
+    return jax.tree.map(lambda t: lax.pmean(t, "dp"), gr)
+
+
 def grads_local(x, w, g, b):
     def block(w_, g_, b_):
         y = _conv(x, w_)
@@ -60,8 +66,7 @@ def grads_local(x, w, g, b):
         mean = lax.psum(jnp.sum(y, axis=(0, 2, 3)), "dp") / n
         var = lax.psum(jnp.sum((y - _per_channel(mean)) ** 2, axis=(0, 2, 3)), "dp") / n
         return _bn_relu(y, mean, var, g_, b_)
-    gr = jax.grad(lambda *p: jnp.mean(block(*p) ** 2), argnums=(0, 1, 2))(w, g, b)
-    return jax.tree.map(lambda t: lax.pmean(t, "dp"), gr)
+    return _pmean_grads(block, w, g, b)
 
 
 def grads_local_unsynced(x, w, g, b):
@@ -69,8 +74,7 @@ def grads_local_unsynced(x, w, g, b):
         y = _conv(x, w_)
         mean, var = _batch_stats(y)  # BUG: this rank's batch statistics (BatchNorm not synchronised)
         return _bn_relu(y, mean, var, g_, b_)
-    gr = jax.grad(lambda *p: jnp.mean(block(*p) ** 2), argnums=(0, 1, 2))(w, g, b)
-    return jax.tree.map(lambda t: lax.pmean(t, "dp"), gr)
+    return _pmean_grads(block, w, g, b)
 
 
 def grads_local_local_count(x, w, g, b):
@@ -80,8 +84,7 @@ def grads_local_local_count(x, w, g, b):
         mean = lax.psum(jnp.sum(y, axis=(0, 2, 3)), "dp") / n  # BUG: divided by this rank's count
         var = lax.psum(jnp.sum((y - _per_channel(mean)) ** 2, axis=(0, 2, 3)), "dp") / (n * DP)
         return _bn_relu(y, mean, var, g_, b_)
-    gr = jax.grad(lambda *p: jnp.mean(block(*p) ** 2), argnums=(0, 1, 2))(w, g, b)
-    return jax.tree.map(lambda t: lax.pmean(t, "dp"), gr)
+    return _pmean_grads(block, w, g, b)
 
 
 def _dist(fn):
