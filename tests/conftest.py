@@ -115,7 +115,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     compile the shipped rules for Soufflé in the background while the workers start on
     the clingo tests: each worker's first Soufflé run would otherwise compile them
     itself, the two builds sharing the two cores for minutes. Workers that get there
-    first wait for this build (souffle_runner's lock file)."""
+    first wait for this build (souffle_runner's lock file). A session that ends before
+    the build leaves it running to completion: the binary is cached for the next one."""
     import shutil
     import subprocess
     import sys
@@ -126,12 +127,5 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         return
     code = ("from dlverify.api import rules_path; "
             "from dlverify.engine.souffle_runner import prebuild; prebuild(rules_path())")
-    config._souffle_prebuild = subprocess.Popen(  # type: ignore[attr-defined]
-        [sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    """The background build ends with the session (it is normally long done)."""
-    proc = getattr(session.config, "_souffle_prebuild", None)
-    if proc is not None:
-        proc.wait()
+    subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL, start_new_session=True)
