@@ -24,6 +24,14 @@ all-to-all: the ops between one source tensor and one end tensor, reshape,
 transpose, slice, concatenate and the all-to-all, and tries every source and
 end, largest region first.
 
+A region may also end at an all-gather over the all-to-all's groups that reads it:
+XLA's backward of a fused QKV projection reshards the cotangent from batch-split to
+slot-split, then gathers the slots for the input gradient's dot. What the gather
+returns is the source gathered along its own split dim (no slice), so the dot reads
+a gathered concatenation of the pieces, as the sequential dot reads their
+concatenation (otherwise the sequential one is split into per-piece dots that no
+distributed dot matches).
+
 Sound by construction, not by pattern: the region and the candidate are pure
 data movement (every output element is one input element), so running both
 on inputs whose elements are all distinct (each rank's flat positions, tagged
@@ -165,15 +173,22 @@ def _sources(producer: dict[int, Op], a2a: Op) -> list[int]:
 
 
 def _ends(g: Graph, readers: dict[int, list[Op]], a2a: Op) -> list[Op]:
-    """Data-movement ops below the all-to-all (itself included), nearest first."""
+    """Data-movement ops below the all-to-all (itself included), nearest first, and the
+    all-gathers over its groups reading them (a region ends there: the gather undoes the
+    resharding's split)."""
     out, seen, frontier = [a2a], {a2a.id}, [a2a.output]
     while frontier and len(out) < MAX_CUTS:
         t = frontier.pop(0)
         for op in readers.get(t, []):
-            if op.kind in MOVES and op.id not in seen:
+            if op.id in seen:
+                continue
+            if op.kind in MOVES:
                 seen.add(op.id)
                 out.append(op)
                 frontier.append(op.output)
+            elif op.kind == "all_gather" and op.params.get("groups") == a2a.params["groups"]:
+                seen.add(op.id)
+                out.append(op)
     return out
 
 
@@ -213,9 +228,10 @@ def _run(tensors: dict, ops: list[Op], x: int, ranks: int) -> dict[int, list[np.
 
 
 def _candidate(g: Graph, ids: IdAllocator, x: int, end: Op, a2a: Op, groups: list[list[int]],
-               ranks: int, s: int, t: int) -> Graph:
-    """all_gather(x, s) sliced at q(rank) * size along t (then reshaped to the end's
-    shape when it differs), in a scratch graph holding x, the region's end and the new
+               ranks: int, s: int, t: int | None) -> Graph:
+    """all_gather(x, s) sliced at q(rank) * size along t (t None: not sliced), then
+    reshaped to the end's
+    shape when it differs, in a scratch graph holding x, the region's end and the new
     tensors only (not a copy of all of g's). The all-gather is the region's exchange:
     it carries the all-to-all's source location, so a failure at it names the line
     that wrote the exchange, not the layout op the region happens to end at (a user's
@@ -226,6 +242,16 @@ def _candidate(g: Graph, ids: IdAllocator, x: int, end: Op, a2a: Op, groups: lis
     b = GraphBuilder(scratch, ids)
     gathered_shape = tuple(d * n if i == s else d for i, d in enumerate(xt.shape))
     sliced_shape = tuple(d // n if i == t else d for i, d in enumerate(gathered_shape))
+    if t is None:   # the region gathers what it resharded: the gather of the source
+        if gathered_shape == ot.shape:
+            b.op("all_gather", [x], ot.shape, ot.dtype, {"dimension": s, "groups": groups},
+                 a2a.loc, end.name, output=end.output)
+        else:
+            gathered = b.op("all_gather", [x], gathered_shape, xt.dtype,
+                            {"dimension": s, "groups": groups}, a2a.loc, f"{end.name}.gathered")
+            b.op("reshape", [gathered], ot.shape, ot.dtype, {}, end.loc, end.name,
+                 output=end.output)
+        return scratch
     gathered = b.op("all_gather", [x], gathered_shape, xt.dtype,
                     {"dimension": s, "groups": groups}, a2a.loc, f"{end.name}.gathered")
     table = np.zeros(ranks, np.int32)
@@ -253,19 +279,27 @@ def _replacement(g: Graph, ids: IdAllocator, x: int, region: list[Op], ranks: in
     """The all-gather and slice equal to the region's end (proven on tags), else None.
     Tried: every dim s to gather along and t to slice, when the end has the block's
     shape (t = s excluded: that is no exchange) or, merging or splitting dims, its
-    element count."""
+    element count; for a region ending in an all-gather, every dim s to gather along
+    and no slice."""
     end = region[-1]
     xs, os_ = g.tensors[x].shape, g.tensors[end.output].shape
     a2a = next(op for op in region if op.kind == "all_to_all")
     groups = a2a.params["groups"]
     n = len(groups[0]) if groups else 0
+    gathers = end.kind == "all_gather"
     if n < 2 or any(len(grp) != n for grp in groups) \
             or sorted(r for grp in groups for r in grp) != list(range(ranks)) \
-            or int(np.prod(xs)) > MAX_TAGGED or int(np.prod(xs)) != int(np.prod(os_)):
+            or int(np.prod(xs)) > MAX_TAGGED \
+            or int(np.prod(xs)) * (n if gathers else 1) != int(np.prod(os_)):
         return None
-    def block(s: int, t: int) -> tuple[int, ...]:
+    def block(s: int, t: int | None) -> tuple[int, ...]:
         return tuple(d * n if i == s else d // n if i == t else d for i, d in enumerate(xs))
-    pairs = [(s, t) for s in range(len(xs)) for t in range(len(xs)) if s != t and xs[t] % n == 0]
+    pairs: list[tuple[int, int | None]]
+    if gathers:
+        pairs = [(s, None) for s in range(len(xs))]
+    else:
+        pairs = [(s, t) for s in range(len(xs)) for t in range(len(xs))
+                 if s != t and xs[t] % n == 0]
     if end.kind == "all_to_all":   # an exchange alone: the collective rules read it as it is
         pairs = [st for st in pairs if block(*st) == tuple(os_)]
     pairs.sort(key=lambda st: block(*st) != tuple(os_))   # a block needing no reshape first

@@ -195,3 +195,47 @@ def test_llama3_data_parallel_step_summing_a_gradient_over_groups_of_one_is_loca
     first = res.failures[0]
     assert (first.op, first.file, first.line, first.kind) == ("all_reduce", str(path), i + 1,
                                                                "wrong-group"), first
+
+
+def _gathered(groups, dim):
+    """_rows_to_cols, then gathered along `dim` of [8, 8] over `groups`."""
+    n = len(groups[0])
+    def build(b, x):
+        y = _rows_to_cols(b, x)
+        shape = tuple(8 * n if d == dim else 8 for d in range(2))
+        return b.op("all_gather", [y], shape, "float32", {"dimension": dim, "groups": groups})
+    return build
+
+
+def test_a_resharding_gathered_over_its_groups_is_the_gather_of_its_source():
+    # XLA's backward of a fused QKV projection reshards its cotangent from batch-split
+    # to slot-split, then gathers the slots for the input gradient's dot: that dot then
+    # reads the gathered batch, a concatenation of the pieces as the sequential one
+    p = _problem(_gathered(GROUPS, 1), (2, 32))
+    before = copy.deepcopy(p.dist)
+    assert rewrite_reshardings(p)
+    prod = p.dist.producer()
+    end = prod[p.dist.outputs[0]]
+    gather = end if end.kind == "all_gather" else prod[end.inputs[0]]
+    assert gather.kind == "all_gather" and gather.inputs == p.dist.inputs
+    assert "dynamic_slice" not in [op.kind for op in p.dist.ops]
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((2, 32)).astype(np.float32) for _ in range(4)]
+    for got, want in zip(_outputs(p.dist, xs), _outputs(before, xs)):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("groups,dim", [([[0, 1], [2, 3]], 1), (GROUPS, 0)])
+def test_a_gather_of_other_blocks_keeps_the_resharding_slice(groups, dim):
+    # pairs of ranks gather their [8, 8] column blocks, or all ranks stack them as rows:
+    # neither is the source's rows gathered (the proof on tags refuses it)
+    p = _problem(_gathered(groups, dim), (2, 32))
+    before = copy.deepcopy(p.dist)
+    assert rewrite_reshardings(p)
+    prod = p.dist.producer()
+    end = prod[p.dist.outputs[0]]
+    assert end.kind == "all_gather" and prod[end.inputs[0]].kind == "dynamic_slice"
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal((2, 32)).astype(np.float32) for _ in range(4)]
+    for got, want in zip(_outputs(p.dist, xs), _outputs(before, xs)):
+        np.testing.assert_array_equal(got, want)
