@@ -125,17 +125,86 @@ def test_jaxpr_gradients_of_top_k_and_sort_are_one_hot_contractions(name):
     _assert_like_jax(g, fn, (x,))
 
 
-def test_top_k_gradient_as_written_computes_what_xla_computes():
+@pytest.mark.parametrize("stage", ["pre", "post"])
+def test_top_k_gradient_as_written_computes_what_xla_computes(stage):
     """jax.grad of top_k: a scatter-add with a batching dim (the rows) at the chosen
-    columns, promised in bounds, as JAX writes it. (After optimisations XLA flattens
-    its index batch dims, [n*k, 2] from [n, k, 2], and the rows' iota column is not
-    recognised there: a false alarm left, see the README's known limits.)"""
+    columns, promised in bounds, as JAX writes it; after optimisations XLA flattens
+    its index batch dims ([n*k, 2] a reshape of [n, k, 2]: an iota column of the
+    rows beside the chosen columns), which the frontend splits back so that the rows
+    are a batch dim of the contraction again."""
     from jax import lax
 
     def fn(x, g):
         return jax.vjp(lambda v: lax.top_k(v, 2)[0], x)[1](g)[0]
     rng = np.random.default_rng(7)
     x, g = (rng.standard_normal(s).astype(np.float32) for s in ((4, 6), (4, 2)))
-    graph, _ = lower(hlo_text(fn, x, g, stage="pre"))
+    text = hlo_text(fn, x, g, stage=stage)
+    if stage == "post":   # the flattened form this test is about
+        assert "s32[4,2,2]{2,1,0} concatenate(" in text and "scatter(" in text
+    graph, _ = lower(text)
+    dots = [op for op in graph.ops if op.kind == "dot_general"]
+    assert len(dots) == 1 and dots[0].params["lhs_batch"] == (0,)   # the rows batched
     (got,), want = run(graph, x, g), np.asarray(jax.jit(fn)(x, g))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+FLAT = """HloModule m
+
+%comb (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %r = f32[] add(%a, %b)
+}
+
+ENTRY %main (x: f32[4,6], c: s32[XS], u: f32[UF,1,1]) -> f32[4,6] {
+  %x = f32[4,6] parameter(0)
+  %c = s32[XS] parameter(1)
+  %u = f32[UF,1,1] parameter(2)
+  %r = s32[XS] iota(), iota_dimension=ID
+  %cat = s32[XC] concatenate(%r, %c), dimensions={CD}
+  %i = s32[UF,2] reshape(%cat)
+  ROOT %s = f32[4,6] scatter(%x, %i, %u), update_window_dims={1,2}, inserted_window_dims={}, scatter_dims_to_operand_dims={0,1}, index_vector_dim=1, to_apply=%comb
+}
+"""
+
+
+def _flat_scatter_add(x, i, u):
+    """What XLA computes: u[s] added at i[s] (an index out of range dropped)."""
+    out = x.astype(np.float64)
+    for s in range(i.shape[0]):
+        r, c = i[s]
+        if 0 <= r < out.shape[0] and 0 <= c < out.shape[1]:
+            out[r, c] += u[s, 0, 0]
+    return out
+
+
+@pytest.mark.parametrize("xs, iota_dim, batched", [
+    ((4, 3, 1), 0, True),      # top_k's form after optimisations: the rows an iota
+    ((4, 1, 3, 1), 0, True),   # a size-1 dim between: split into [4, 3] only
+    ((2, 6, 1), 1, False),     # an iota of size 6 along the index batch: no operand dim of 4
+    ((4, 3, 1), 1, False),     # an iota over the k chosen, not the rows: a one-hot stays
+])
+def test_flattened_index_batch_dims_are_split_where_an_iota_column_lies(xs, iota_dim, batched):
+    """A scatter at indices [n*k, 2] reshaped from [n, k, 2] (the concatenation of an
+    iota and data indices): split back to [n, k] it pairs every index vector with the
+    same update, so it computes the same (shared evaluator against a direct scatter,
+    repeated and out-of-range indices included), and the rows become a batch dim of
+    the contraction only where the iota runs over them."""
+    n = int(np.prod(xs))
+    cat = xs[:-1] + (2,)
+    text = (FLAT.replace("XS", ",".join(map(str, xs))).replace("XC", ",".join(map(str, cat)))
+            .replace("UF", str(n)).replace("ID", str(iota_dim)).replace("CD", str(len(xs) - 1)))
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    c = rng.integers(0, 6, xs).astype(np.int32)
+    c.reshape(-1)[:2] = c.reshape(-1)[2]      # repeated: accumulates
+    c.reshape(-1)[-1] = 7                     # out of range: dropped
+    u = rng.standard_normal((n, 1, 1)).astype(np.float32)
+    g, _ = lower(text)
+    (dot,) = [op for op in g.ops if op.kind == "dot_general"]
+    assert bool(dot.params["lhs_batch"]) == batched
+    iota = np.broadcast_to(np.arange(xs[iota_dim]).reshape(
+        [-1 if d == iota_dim else 1 for d in range(len(xs))]), xs)
+    want = _flat_scatter_add(x, np.concatenate([iota, c], axis=-1).reshape(n, 2), u)
+    (got,) = run(g, x, c, u)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)

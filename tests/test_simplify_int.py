@@ -379,3 +379,13 @@ def test_compiled_vocab_parallel_gradients_verify_and_the_target_twin_is_located
     vp = example_module("vocab_parallel")
     assert_compiled_case_and_twin(tmp_path, vp.vocab_parallel_grads(),
                                   vp.vocab_parallel_bug_target_logit_not_reduced(), dumped=True)
+
+
+def test_compiled_top_k_router_gradient_verifies_and_the_psum_twin_is_located(tmp_path):
+    """After optimisations XLA scatters top_k's gradient at indices [n*k, 2], a reshape
+    of the rows' iota beside the chosen experts [n, k, 2]: split back into [n, k]
+    (frontends/hlo/ops/scatter.py) the rows are a batch dim again, whose block each
+    rank holds (its local iota alone is no block of the sequential one)."""
+    moe = example_module("moe_router_grad")
+    assert_compiled_case_and_twin(tmp_path, moe.moe_top2_router_grad_dp(),
+                                  moe.moe_top2_router_grad_bug_psum())

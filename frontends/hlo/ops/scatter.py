@@ -1,6 +1,7 @@
 """HLO scatter: with an add combiner, in the forms jax.grad of a gather emits
 (jnp.take's and take_along_axis's transposes, before and after XLA rewrites
-batching dims into iota index columns): every window is one element along the
+batching dims into iota index columns, and may flatten the index batch dims
+around them: _unflattened): every window is one element along the
 indexed dims and whole along the others. It becomes the contraction it equals,
 as the jaxpr frontend builds it (frontends/jaxpr/scatter.py):
 
@@ -116,6 +117,43 @@ def _iota_columns_batched(L: Lowerer, ins: HloInstruction, producer: dict[int, O
             list(b_idx) + [taken[k] for k in taken], cols)
 
 
+def _unflattened(L: Lowerer, ins: HloInstruction, producer: dict[int, Op], idx: int, upd: int,
+                 ivd: int, windows: list[int], loc: SourceLoc
+                 ) -> tuple[int, int, int, list[int]]:
+    """XLA flattens a scatter's index batch dims after optimisations: top_k's gradient
+    scatters at indices [n*k, 2] reshaped from [n, k, 2], an iota column of the tokens
+    beside the chosen experts (a batching dim written as an index column, which
+    _iota_columns_batched cannot see through the merge). With one index batch dim,
+    the index vector dim last, and the indices a reshape of X = B' + (m,) whose dims
+    of size > 1, B, are two or more and hold an iota column: the scatter at indices
+    B + (m,) (X without its size-1 batch dims) with the updates' scatter dim split
+    into B (both row-major) pairs every index vector with the same update, so it is
+    the same scatter, and the column is a batching dim again. A reshape that only
+    adds or drops size-1 dims is left alone: simplify_int.index_parts already sees
+    through it. Returns (indices, updates, index vector dim, update window dims)."""
+    I, U = L.shape_of(idx), L.shape_of(upd)
+    src = producer.get(idx)
+    if len(I) != 2 or ivd != 1 or src is None or src.kind != "reshape":
+        return idx, upd, ivd, windows
+    x = src.inputs[0]
+    X = L.shape_of(x)
+    B = tuple(n for n in X[:-1] if n != 1)
+    if len(B) < 2 or X[-1] != I[1] or int(np.prod(B)) != I[0]:
+        return idx, upd, ivd, windows
+    scattered = [d for d in range(len(U)) if d not in windows]
+    if len(scattered) != 1 or U[scattered[0]] != I[0]:
+        return idx, upd, ivd, windows
+    from dlverify.simplify_int import iota_columns
+    if not iota_columns(producer, L.shape_of, x, len(X) - 1):
+        return idx, upd, ivd, windows   # nothing to see there: the form stays as XLA wrote it
+    split_idx = x if X[:-1] == B else L.emit("reshape", [x], B + X[-1:], L.dtype_of(x), {},
+                                               loc, ins.name)
+    sd = scattered[0]
+    split = tuple(U[:sd]) + B + tuple(U[sd + 1:])
+    moved = [w + len(B) - 1 if w > sd else w for w in windows]
+    return split_idx, _reshaped(L, ins, producer, upd, split, loc), len(B), moved
+
+
 def _reshaped(L: Lowerer, ins: HloInstruction, producer: dict[int, Op], t: int,
               shape: tuple[int, ...], loc: SourceLoc) -> int:
     """t reshaped (a reshape of a reshape is one reshape of its source: XLA's
@@ -195,6 +233,16 @@ def _one_hot_add(L: Lowerer, ins: HloInstruction, operand: int, idx: int, upd: i
     b_idx = ints(ins.attrs.get("scatter_indices_batching_dims"))
     ivd_attr = ints(ins.attrs.get("index_vector_dim"))
     ivd = ivd_attr[0] if ivd_attr else len(I)
+    producer = {op.output: op for op in L.b.graph.ops}   # (the index's and updates' makers)
+    unflat = _unflattened(L, ins, producer, idx, upd, ivd, windows, loc)
+    if unflat[0] != idx:
+        idx, upd, ivd, windows = unflat
+        # the new makers too: the size-1 squeeze below must see the updates' new reshape
+        # and reshape its source once (with the stale map the updates became a reshape
+        # of a reshape and the compiled vocab-parallel gradient no longer verified, at
+        # its index-range masks: 'operand 1: no view')
+        producer = {op.output: op for op in L.b.graph.ops}
+        I, U = L.shape_of(idx), L.shape_of(upd)
     refuse = ("scatter is supported as a scatter-add of windows of one element along the "
               "indexed dims and whole along the others (jax.grad of a gather)")
     free = [k for k in range(len(O)) if k not in inserted and k not in b_op]
@@ -217,7 +265,6 @@ def _one_hot_add(L: Lowerer, ins: HloInstruction, operand: int, idx: int, upd: i
         L.assume(f"scatter {ins.name} ({L.file}:{ins.line}): an update whose index is out of "
                  f"bounds is dropped (XLA's CPU and GPU behaviour; its spec leaves it to the "
                  f"implementation)")
-    producer = {op.output: op for op in L.b.graph.ops}   # (the index's and updates' makers)
     K, b_op, b_idx, cols = _iota_columns_batched(L, ins, producer, idx, ivd, K, b_op, b_idx, O, I, loc)
     if cols is None:
         cols = _index_columns(L, ins, idx, ivd, m, loc)
