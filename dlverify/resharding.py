@@ -32,6 +32,11 @@ a gathered concatenation of the pieces, as the sequential dot reads their
 concatenation (otherwise the sequential one is split into per-piece dots that no
 distributed dot matches).
 
+A gather may also end a round trip: XLA shards a value the members of a group hold
+alike (a cotangent after its all-reduce) by padding it and slicing it per rank,
+reshards the pieces and gathers them back (`undo_round_trips`, after the regions
+above: its readers then read the value itself, as the sequential program does).
+
 Sound by construction, not by pattern: the region and the candidate are pure
 data movement (every output element is one input element), so running both
 on inputs whose elements are all distinct (each rank's flat positions, tagged
@@ -330,11 +335,15 @@ def rewrite_reshardings(problem: Problem) -> bool:
     ops, tensors = list(g.ops), set(g.tensors)
     if hoist_layouts(g, problem.ids):
         if _rewrite_regions(g, problem.ids, ranks):
+            undo_round_trips(g, problem.ids, ranks)
             return True
         g.ops = ops
         for t in set(g.tensors) - tensors:
             del g.tensors[t]
-    return _rewrite_regions(g, problem.ids, ranks)
+    if not _rewrite_regions(g, problem.ids, ranks):
+        return False
+    undo_round_trips(g, problem.ids, ranks)   # (the round trips a resharding is part of)
+    return True
 
 
 def _rewrite_regions(g: Graph, ids: IdAllocator, ranks: int) -> bool:
@@ -356,4 +365,176 @@ def _rewrite_regions(g: Graph, ids: IdAllocator, ranks: int) -> bool:
     return bool(done)
 
 
-__all__ = ["rewrite_reshardings", "hoist_layouts"]
+# ---------------------------------------------------------------- round trips
+# XLA shards a value that every member of a group holds (the output of a collective
+# over the group) by padding and slicing it per rank, reshards it and gathers it back
+# (a backward pass's cotangent split into a fused projection's slots): the end of the
+# round trip is the value itself, though no rank computes it from its own copy alone.
+# Proven as the regions above, on tags, but with the source tagged alike on the members
+# of each group (it is the same value there) and apart across groups. Only the values
+# of literals and the rank (offset tables, pad values) enter besides the source.
+
+ROUND_TRIP_MOVES = MOVES | {"dynamic_slice", "pad", "all_gather", "collective_permute"}
+COLLECTIVE_OUTPUTS = frozenset({"all_reduce", "all_gather"})
+LITERALS = frozenset({"constant", "iota", "axis_index"})
+OPAQUE = frozenset({"custom_call", "rng_bit_generator"})   # may differ by rank whatever they read
+
+
+def _rank_only(g: Graph) -> set[int]:
+    """Tensors computed from literals and the rank alone (offset tables, pad values)."""
+    out: set[int] = set()
+    inputs = set(g.inputs)
+    for op in g.ops:
+        if op.kind in LITERALS or (op.inputs and op.kind not in OPAQUE and op.output not in inputs
+                                   and all(t in out for t in op.inputs)):
+            out.add(op.output)
+    return out
+
+
+def _invariant(g: Graph, groups: list[list[int]]) -> set[int]:
+    """Tensors equal on the members of each group: results of all-reduces and all-gathers
+    over exactly these groups, literals (not the rank), and local ops reading only such
+    tensors."""
+    out: set[int] = set()
+    for op in g.ops:
+        if KINDS[op.kind].collective is not None:
+            if op.kind in COLLECTIVE_OUTPUTS and op.params.get("groups") == groups:
+                out.add(op.output)
+        elif op.kind in ("constant", "iota") or (op.inputs and op.kind not in OPAQUE
+                                                 and all(t in out for t in op.inputs)):
+            out.add(op.output)
+    return out
+
+
+def _round_trip_region(producer: dict[int, Op], end: Op, source: int,
+                       rank_only: set[int]) -> list[Op] | None:
+    """The ops computing `end` from `source` by data movement, with the rank-only values
+    they read (None when another tensor feeds them)."""
+    ops: dict[int, Op] = {end.id: end}
+    stack = list(end.inputs)
+    while stack:
+        t = stack.pop()
+        op = producer.get(t)
+        if t == source or op is None and t in rank_only:
+            continue
+        if op is None or len(ops) > MAX_REGION \
+                or (op.kind not in ROUND_TRIP_MOVES and t not in rank_only):
+            return None
+        if op.id not in ops:
+            ops[op.id] = op
+            stack.extend(op.inputs)
+    return list(ops.values())
+
+
+def _round_trip_candidates(g: Graph, producer: dict[int, Op], end: Op, invariant: set[int]) -> list[int]:
+    """Tensors above the gather, through data movement, of its shape and the same on
+    every member of its groups, nearest first."""
+    shape = g.tensors[end.output].shape
+    out, seen, frontier = [], set(), list(end.inputs)
+    while frontier and len(seen) < MAX_REGION:
+        t = frontier.pop(0)
+        if t in seen:
+            continue
+        seen.add(t)
+        if t in invariant and g.tensors[t].shape == shape:
+            out.append(t)
+        op = producer.get(t)
+        if op is not None and op.kind in ROUND_TRIP_MOVES:
+            frontier.extend(op.inputs)
+    return out
+
+
+def _group_tags(shape: tuple[int, ...], groups: list[list[int]], ranks: int, base: int) -> list[np.ndarray]:
+    size = int(np.prod(shape))
+    index = {r: q for q, grp in enumerate(groups) for r in grp}
+    return [np.arange(base + index[r] * size, base + (index[r] + 1) * size,
+                      dtype=np.float64).reshape(shape) for r in range(ranks)]
+
+
+def _returns_source(g: Graph, region: list[Op], x: int, groups: list[list[int]], ranks: int) -> bool:
+    """Whether the region's end equals x on every rank, for every x equal on the members
+    of each group: run on tags, twice, from two bases, so that no element the region
+    writes itself (a pad's value, a permute's zeros) passes for a tag in both runs."""
+    order = {op.id: i for i, op in enumerate(g.ops)}
+    ops = sorted(region, key=lambda o: order.get(o.id, len(order)))   # (a new end: last)
+    sub = Graph("round trip", tensors=g.tensors, inputs=[x], ops=ops)
+    for base in (1, 1 + ranks * MAX_TAGGED):
+        tags = _group_tags(g.tensors[x].shape, groups, ranks, base)
+        try:
+            got = Interpreter(sub, ranks, lambda r, a: r).run([tags])[ops[-1].output]
+        except NotExecutable:
+            return False
+        if not all(np.array_equal(a, b) for a, b in zip(got, tags)):
+            return False
+    return True
+
+
+def _round_trip_source(g: Graph, producer: dict[int, Op], end: Op, groups: list[list[int]],
+                       inv: set[int], rank_only: set[int], ranks: int) -> int | None:
+    """The value the gather `end` (perhaps not in g yet) returns, when it is a round trip."""
+    for x in _round_trip_candidates(g, producer, end, inv):
+        if int(np.prod(g.tensors[x].shape)) > MAX_TAGGED:
+            return None
+        region = _round_trip_region(producer, end, x, rank_only)
+        if region is not None and _returns_source(g, region, x, groups, ranks):
+            return x
+    return None
+
+
+def undo_round_trips(g: Graph, ids: IdAllocator, ranks: int) -> bool:
+    """Read every all-gather over a partition of the ranks that ends a round trip of a
+    value the members of each group hold alike as that value. A gather of a
+    concatenation along another dim is the concatenation of its pieces' gathers (each
+    member's pieces land at the same offsets either way, rewrites.py): a piece's gather
+    may be such a round trip. Returns whether anything changed."""
+    producer = {op.output: op for op in g.ops}
+    rank_only = _rank_only(g)
+    invariant: dict[str, set[int]] = {}
+    renamed: dict[int, int] = {}
+    replaced: dict[int, list[Op]] = {}
+    for end in g.ops:
+        groups = end.params.get("groups") if end.kind == "all_gather" else None
+        if not groups or sorted(r for grp in groups for r in grp) != list(range(ranks)):
+            continue
+        key = repr(groups)
+        if key not in invariant:
+            invariant[key] = _invariant(g, groups)
+        inv = invariant[key]
+        x = _round_trip_source(g, producer, end, groups, inv, rank_only, ranks)
+        if x is not None and end.output not in g.outputs:
+            renamed[end.output] = x
+            continue
+        cat = producer.get(end.inputs[0])
+        d = end.params["dimension"]
+        if cat is None or cat.kind != "concatenate" or cat.params["dimension"] == d:
+            continue
+        n = len(groups[0])
+        scratch = Graph("pieces", tensors=g.tensors)
+        b = GraphBuilder(scratch, ids)
+        pieces, found = [], False
+        for t in cat.inputs:
+            shape = tuple(s * n if i == d else s for i, s in enumerate(g.tensors[t].shape))
+            gathered = b.op("all_gather", [t], shape, g.tensors[t].dtype, dict(end.params), end.loc,
+                            f"{end.name}.piece")
+            src = _round_trip_source(g, producer, scratch.ops[-1], groups, inv, rank_only, ranks)
+            if src is not None:
+                scratch.ops.pop()
+                found = True
+            pieces.append(gathered if src is None else src)
+        if found:
+            b.op("concatenate", pieces, g.tensors[end.output].shape, g.tensors[end.output].dtype,
+                 dict(cat.params), cat.loc, cat.name, output=end.output)
+            replaced[end.id] = scratch.ops
+    if not renamed and not replaced:
+        return False
+    def final(t: int) -> int:
+        while t in renamed:
+            t = renamed[t]
+        return t
+    g.ops = [new for op in g.ops for new in replaced.get(op.id, [op])]
+    for op in g.ops:
+        op.inputs = [final(t) for t in op.inputs]
+    return True
+
+
+__all__ = ["rewrite_reshardings", "hoist_layouts", "undo_round_trips"]

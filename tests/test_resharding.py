@@ -13,7 +13,7 @@ from dlverify.hlo_api import verify_hlo
 from dlverify.interpret import Interpreter
 from dlverify.ir import Graph, GraphBuilder, IdAllocator, Mesh
 from dlverify.problem import Problem
-from dlverify.resharding import rewrite_reshardings
+from dlverify.resharding import rewrite_reshardings, undo_round_trips
 
 DATA = Path(__file__).parent / "data" / "xla_resharding"
 GROUPS = [[0, 1, 2, 3]]
@@ -239,3 +239,72 @@ def test_a_gather_of_other_blocks_keeps_the_resharding_slice(groups, dim):
     xs = [rng.standard_normal((2, 32)).astype(np.float32) for _ in range(4)]
     for got, want in zip(_outputs(p.dist, xs), _outputs(before, xs)):
         np.testing.assert_array_equal(got, want)
+
+
+FSDP = [[0, 2], [1, 3]]   # the groups of the round trip below (a 2 x 2 mesh's first axis)
+
+
+def _position_offset(b, step):
+    """step times the rank's position in its FSDP group, as XLA reads it from a table."""
+    table = b.constant(np.array([0, 0, step, step], np.int32), (4,), "int32")
+    rank = b.op("axis_index", [], (), "int32", {"axis": FLAT_AXIS})
+    picked = b.op("dynamic_slice", [table, rank], (1,), "int32", {"slice_sizes": (1,)})
+    return b.op("reshape", [picked], (), "int32", {})
+
+
+def _round_trip(summed_over=FSDP, kept_slot=0):
+    """XLA's backward of a fused projection's single k slot, sharded over FSDP and
+    gathered back: v = psum(x) [4, 8] as [4, 1, 8], padded to 2 slots, each member
+    keeping its slot (member 1 the zeros), the slots gathered, the rows split over
+    the members, the padding cut off (slot `kept_slot` kept), the rows gathered."""
+    ids = IdAllocator()
+    g = Graph("dist")
+    b = GraphBuilder(g, ids)
+    x = b.tensor((4, 8), "float32", "x")
+    g.inputs = [x]
+    v = b.op("all_reduce", [x], (4, 8), "float32", {"reducer": "sum", "groups": summed_over})
+    k = b.op("reshape", [v], (4, 1, 8), "float32", {})
+    zero = b.constant(np.float32(0), (), "float32")
+    i0 = b.constant(np.int32(0), (), "int32")
+    padded = b.op("pad", [k, zero], (4, 2, 8), "float32",
+                  {"padding_config": ((0, 0, 0), (0, 1, 0), (0, 0, 0))})
+    mine = b.op("dynamic_slice", [padded, i0, _position_offset(b, 1), i0], (4, 1, 8), "float32",
+                {"slice_sizes": (4, 1, 8)})
+    slots = b.op("all_gather", [mine], (4, 2, 8), "float32", {"dimension": 1, "groups": FSDP})
+    rows = b.op("dynamic_slice", [slots, _position_offset(b, 2), i0, i0], (2, 2, 8), "float32",
+                {"slice_sizes": (2, 2, 8)})
+    kept = b.op("slice", [rows], (2, 1, 8), "float32",
+                {"start_indices": (0, kept_slot, 0), "limit_indices": (2, kept_slot + 1, 8),
+                 "strides": None})
+    back = b.op("all_gather", [kept], (4, 1, 8), "float32", {"dimension": 0, "groups": FSDP})
+    g.outputs = [b.op("neg", [back], (4, 1, 8), "float32", {})]
+    return g, ids, k
+
+
+def _same_outputs(before, after):
+    rng = np.random.default_rng(2)
+    xs = [rng.standard_normal((4, 8)).astype(np.float32) for _ in range(4)]
+    for got, want in zip(_outputs(after, xs), _outputs(before, xs)):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_round_trip_of_a_value_every_group_member_holds_is_that_value():
+    g, ids, k = _round_trip()
+    before = copy.deepcopy(g)
+    assert undo_round_trips(g, ids, 4)
+    out = g.producer()[g.outputs[0]]
+    assert out.inputs == [k]      # the negation reads the psum's reshape itself
+    _same_outputs(before, g)
+
+
+@pytest.mark.parametrize("summed_over,kept_slot", [(None, 0), ([[0, 1], [2, 3]], 0), (FSDP, 1)])
+def test_a_round_trip_of_a_value_the_members_do_not_share_or_of_the_padding_stays(summed_over, kept_slot):
+    # a value of each rank's own (a psum over groups of one), one summed over the other
+    # mesh axis (it differs between the members of an FSDP group), or the padding kept
+    # instead of the slot (the gathered slots are still the padded value: that round
+    # trip is read as it)
+    g, ids, k = _round_trip(summed_over or [[0], [1], [2], [3]], kept_slot)
+    before = copy.deepcopy(g)
+    assert undo_round_trips(g, ids, 4) == (kept_slot == 1)
+    assert g.producer()[g.outputs[0]].inputs != [k]
+    _same_outputs(before, g)
