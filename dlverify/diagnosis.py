@@ -135,7 +135,13 @@ class Judge:
         seq_first, seq_later = seq_frontier_failures(self, failing)   # diagnosis_outputs.py
         failures = (self.frontier_failures(failing, dist_anc) + seq_first
                     + output_failures(self, failing) + seq_later)
-        return False, outputs, self._counterpart(dist_anc) + failures
+        # a distributed failure at the diagnosed instruction itself says more than the
+        # diagnosis (the normal form may split one instruction into ops the other side
+        # writes otherwise: a transpose of a dot whose partial sum is never reduced)
+        found = [c for c in self._counterpart(dist_anc)
+                 if not any((f.program, f.file, f.line) == (c.program, c.file, c.line)
+                            for f in failures)]
+        return False, outputs, found + failures
 
     def _counterpart(self, anc: set[int]) -> list[Failure]:
         """dlverify/correspondence.py's diagnosis: an op before the first distributed
