@@ -48,7 +48,7 @@ import itertools
 from typing import Callable, NamedTuple
 
 from dlverify.ir import Graph, IdAllocator, Op
-from dlverify.rewrites import _drop_newly_dead, _Rewriter, _unused
+from dlverify.rewrites import _Rewriter
 from dlverify.simplify_forms import _merge_groups, _unit_deletion
 
 
@@ -90,22 +90,9 @@ class _CanonicalUnits(_Rewriter):
         super().__init__(graph, ids)
         self.keep = keep
 
-    def run(self) -> bool:
-        unused_before = _unused(self.g)
-        changed = False
-        for op in self.g.ops:
-            op.inputs = [self.alias.get(i, i) for i in op.inputs]
-            if self.rewrite(op):
-                changed = True
-                continue
-            self.out.append(op)
-            self.producer[op.output] = op
-        if changed:
-            self.g.ops = self.out
-            _drop_newly_dead(self.g, unused_before)
-        return changed
-
-    def rewrite(self, op: Op) -> bool:
+    def apply(self, op: Op) -> bool:
+        """Write a transpose(reshape(y)) in its canonical form (True), or leave `op`; the
+        pass itself is _Rewriter.run's."""
         r = self.producer.get(op.inputs[0]) if op.kind == "transpose" else None
         if r is None or r.kind != "reshape":
             return False
