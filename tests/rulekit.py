@@ -48,6 +48,16 @@ class Tiny:
         shape = self.seq.tensors[s].shape
         self.out_rels.append(None if spec is None else spec_relation(shape, spec, self.mesh, "tiny output"))
 
+    def output_negated_psum(self, s: int, d: int, groups: list[list[int]]) -> None:
+        """Output -s against the psum over `groups` of -d: a negation between, since the
+        normal form writes a psum of a sum or concatenation itself as the sum or
+        concatenation of the pieces' psums (dlverify/rewrites.py), and the rule family
+        under test would not be needed."""
+        shape = self.seq.tensors[s].shape
+        red = self.dop("all_reduce", [self.dop("neg", [d], self.dist.tensors[d].shape)],
+                       self.dist.tensors[d].shape, reducer="sum", groups=groups)
+        self.output(self.sop("neg", [s], shape), red)
+
     def sop(self, kind: str, inputs: list[int], shape: tuple[int, ...], **params) -> int:
         return self.S.op(kind, inputs, shape, "float32", params)
 

@@ -24,11 +24,7 @@ def _fused_grad(t: Tiny, order=(0, 1), tokens=(6, 6)):
     pd = [t.dop("dot_general", [xd, g], (4, 3), **TOK) for g in gd]
     cat_s = t.sop("concatenate", ps, (4, 6), dimension=1)
     cat_d = t.dop("concatenate", [pd[i] for i in order], (4, 6), dimension=1)
-    # (a negation between: a psum of the concatenation itself is the concatenation of the
-    # pieces' psums, dlverify/rewrites.py, and the family would not be needed)
-    red = t.dop("all_reduce", [t.dop("neg", [cat_d], (4, 6))], (4, 6), reducer="sum",
-                groups=[[0, 1]])
-    t.output(t.sop("neg", [cat_s], (4, 6)), red)
+    t.output_negated_psum(cat_s, cat_d, [[0, 1]])
     return cat_s, cat_d
 
 
@@ -75,9 +71,7 @@ def _per_tap_grad(t: Tiny, dist_tokens=6):
           for a, g in ((xd, gd[0]), (xd1, gd1))]
     cat_s = t.sop("concatenate", ps, (4, 3, 2), dimension=2)
     cat_d = t.dop("concatenate", pd, (4, 3, 2), dimension=2)
-    red = t.dop("all_reduce", [t.dop("neg", [cat_d], (4, 3, 2))], (4, 3, 2), reducer="sum",
-                groups=[[0, 1]])
-    t.output(t.sop("neg", [cat_s], (4, 3, 2)), red)
+    t.output_negated_psum(cat_s, cat_d, [[0, 1]])
     return cat_s, cat_d
 
 

@@ -572,13 +572,9 @@ def test_a_bias_added_on_every_rank_before_the_psum_does_not_verify():
 def round_trips_added(t: Tiny, repeat_first=False):
     """seq and dist both sum two [8, 5] inputs over their rows (split over "x"), give each
     sum a size-1 dim and sum it away again (jax.grad's round trip of a per-channel
-    statistic's cotangent), and add the two; dist may sum the first input twice. (A
-    negation follows on both sides: a psum of the add itself is the add of the leaves'
-    psums, dlverify/rewrites.py, and the family would not be needed.)"""
-    sums = []
-    for _ in range(2):
-        xs, xd = t.input((8, 5), ("x", None))
-        sums.append((xs, xd))
+    statistic's cotangent), and add the two; dist may sum the first input twice (the
+    tests output them through Tiny.output_negated_psum)."""
+    sums = [t.input((8, 5), ("x", None)) for _ in range(2)]
     out = []
     for side, op in (("s", t.sop), ("d", t.dop)):
         leaves = []
@@ -590,15 +586,10 @@ def round_trips_added(t: Tiny, repeat_first=False):
     return out
 
 
-def _negated_psum(t: Tiny, accs, accd):
-    t.output(t.sop("neg", [accs], (5,)), t.dop("all_reduce", [t.dop("neg", [accd], (5,))], (5,),
-                                              reducer="sum", groups=[[0, 1]]))
-
-
 def test_sums_through_size_1_round_trips_added_are_one_family_that_psum_completes():
     t = Tiny()
     accs, accd = round_trips_added(t)
-    _negated_psum(t, accs, accd)
+    t.output_negated_psum(accs, accd, [[0, 1]])
     out = t.run()
     assert out.result.verified, [f.message for f in out.result.failures]
     first = next(op.id for op in t.seq.ops if op.kind == "reduce_sum")
@@ -609,7 +600,7 @@ def test_sums_through_size_1_round_trips_added_are_one_family_that_psum_complete
 def test_round_trips_of_the_same_sum_twice_are_not_the_family():
     t = Tiny()
     accs, accd = round_trips_added(t, repeat_first=True)
-    _negated_psum(t, accs, accd)
+    t.output_negated_psum(accs, accd, [[0, 1]])
     out = t.run()
     assert not out.result.verified
     assert out.views(accs, accd) == []
