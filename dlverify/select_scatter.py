@@ -66,6 +66,12 @@ class SelectWindow:
     padding: tuple[tuple[int, int], ...]
 
 
+def at_dtype(site: SelectSite, dtype: str) -> WindowSite:
+    """The window pieces' site (window_lowering) that emits through `site` in `dtype`."""
+    return WindowSite(lambda kind, ins, shape, params: site.emit(kind, ins, shape, dtype, params),
+                      lambda value: site.constant(np.asarray(value), dtype))
+
+
 def _valid(site: SelectSite, shape: tuple[int, ...], sizes: tuple[int, ...], sw: SelectWindow,
            tap: tuple[int, ...]) -> int | None:
     """Whether offset `tap` of each window position lies inside the operand: None
@@ -119,11 +125,7 @@ def lower_select_and_scatter(site: SelectSite, x: int, shape: tuple[int, ...], x
     sizes = _check(shape, src_shape, sw, where)
     k = len(shape)
 
-    def on(dt: str) -> WindowSite:
-        return WindowSite(lambda kind, ins, sh, p: site.emit(kind, ins, sh, dt, p),
-                          lambda v: site.constant(np.asarray(v), dt))
-
-    xs, ss = on(x_dtype), on(dtype)
+    xs, ss = at_dtype(site, x_dtype), at_dtype(site, dtype)
 
     def pred(kind: str, ins: list[int]) -> int:
         return site.emit(kind, ins, sizes, "bool", {})

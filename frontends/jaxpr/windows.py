@@ -12,7 +12,8 @@ import numpy as np
 
 from dlverify.conv_lowering import ConvSpec, lower_conv
 from dlverify.frontends.jaxpr.walk import Ctx, _dtype, _loc, _out, _where, exporter
-from dlverify.select_scatter import SelectSite, SelectWindow, lower_select_and_scatter
+from dlverify.select_scatter import (SelectSite, SelectWindow, at_dtype,
+                                    lower_select_and_scatter)
 from dlverify.window_lowering import ReduceWindow, WindowSite, lower_reduce_window
 
 
@@ -20,18 +21,23 @@ def _ints(v: Any) -> tuple[int, ...]:
     return tuple(int(x) for x in v)
 
 
-def _site(ctx: Ctx, eqn: Any) -> WindowSite:
-    """Ops in the result's dtype at the equation's location."""
-    _, dtype = _out(eqn)
+def _typed_site(ctx: Ctx, eqn: Any) -> SelectSite:
+    """Ops and constants in any dtype at the equation's location."""
     loc, name = _loc(eqn), eqn.primitive.name
 
-    def emit(kind: str, inputs: list[int], out: tuple[int, ...], params: dict) -> int:
+    def emit(kind: str, inputs: list[int], out: tuple[int, ...], dtype: str, params: dict) -> int:
         return ctx.b.op(kind, inputs, out, dtype, params, loc, name)
 
-    def scalar(value: float) -> int:
-        return ctx.b.constant(np.asarray(value, dtype=np.dtype(dtype)), (), dtype, loc, name)
+    def constant(value: np.ndarray, dtype: str) -> int:
+        v = np.asarray(value, dtype=np.dtype(dtype))
+        return ctx.b.constant(v, v.shape, dtype, loc, name)
 
-    return WindowSite(emit, scalar)
+    return SelectSite(emit, constant)
+
+
+def _site(ctx: Ctx, eqn: Any) -> WindowSite:
+    """Ops in the result's dtype at the equation's location."""
+    return at_dtype(_typed_site(ctx, eqn), _out(eqn)[1])
 
 
 @exporter("conv_general_dilated")
@@ -93,18 +99,9 @@ def _select_and_scatter_add(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
     operand's shape and the source's dtype, starting from zero."""
     p = eqn.params
     src, x = eqn.invars
-    loc, name = _loc(eqn), eqn.primitive.name
-
-    def emit(kind: str, inputs: list[int], out: tuple[int, ...], dtype: str, params: dict) -> int:
-        return ctx.b.op(kind, inputs, out, dtype, params, loc, name)
-
-    def constant(value: np.ndarray, dtype: str) -> int:
-        v = np.asarray(value, dtype=np.dtype(dtype))
-        return ctx.b.constant(v, v.shape, dtype, loc, name)
-
     sw = SelectWindow(p["select_prim"].name, _ints(p["window_dimensions"]),
                       _ints(p["window_strides"]),
                       tuple((int(lo), int(hi)) for lo, hi in p["padding"]))
-    return [lower_select_and_scatter(SelectSite(emit, constant), ins[1], tuple(x.aval.shape),
+    return [lower_select_and_scatter(_typed_site(ctx, eqn), ins[1], tuple(x.aval.shape),
                                      _dtype(x.aval), ins[0], tuple(src.aval.shape),
                                      _out(eqn)[1], None, sw, _where(eqn))]
