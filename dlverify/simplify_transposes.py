@@ -42,7 +42,16 @@ operand in the producers' layout:
   reduced ones to, transposed when P also reorders the dims that are kept:
   red(f(transpose(a)), A) = transpose(red(f(a), P[A])) by the kept dims' order.
   So XLA's NHWC batch statistic and the program's NCHW one meet as the sum of the
-  taps' dots over the same dims.
+  taps' dots over the same dims;
+* transpose(cp_1(.. cp_n(z))) by P, z a slice, a dynamic slice or an all-reduce of w,
+  is cp_1(.. cp_n(z')), z' that op of transpose(w) by P: a permute passes whole
+  values between ranks (zeros where a rank receives nothing), so it commutes with
+  any re-indexing of each rank's elements. The transpose enters z in the same
+  rewrite, so none is left right under a permute (simplify_moves moves those out),
+  and it goes on toward w's producer as on the side that has no permute: the FSDP
+  Llama step receives v's query slots by a permute (a dynamic slice of an
+  all-reduced dot) and transposes them for p @ v, where the program's transpose
+  reached the dot.
 
 A transpose that moves size-1 dims only is a reshape, left to the size-1 dims rules
 (dlverify/unit_layouts.py). No rule moves a transpose out of an elementwise op, a pad
@@ -59,6 +68,7 @@ from typing import TYPE_CHECKING
 from dlverify.ir import Op
 from dlverify.ops.dtypes import is_float_dtype
 from dlverify.ops.table import KINDS, Family
+from dlverify.reorders import inverse
 
 if TYPE_CHECKING:
     from dlverify.simplify import _Simplifier
@@ -79,7 +89,7 @@ def transpose_forms(s: "_Simplifier", op: Op) -> bool:
         if not _reorders(s.shape(op.inputs[0]), _perm(op)):
             return False
         return (transpose_into_pad(s, op) or transpose_into_elementwise_of_many(s, op)
-                or transpose_into_broadcast(s, op))
+                or transpose_into_broadcast(s, op) or transpose_into_permute(s, op))
     if op.kind in _REDUCTIONS and len(op.inputs) == 1 and set(op.params) == {"axes"}:
         return reduction_of_transposed_tree(s, op)
     return False
@@ -96,14 +106,6 @@ def _reorders(shape: tuple[int, ...], perm: list[int]) -> bool:
     return sized != sorted(sized)
 
 
-def _inverse(perm: list[int]) -> list[int]:
-    """where[d]: the place perm takes dim d to."""
-    where = [0] * len(perm)
-    for k, d in enumerate(perm):
-        where[d] = k
-    return where
-
-
 def transpose_into_pad(s: "_Simplifier", op: Op) -> bool:
     """transpose(pad(x, v)) by P is pad(transpose(x) by P, v), dim k padded as x's P[k]."""
     p = s.producer.get(op.inputs[0])
@@ -114,6 +116,42 @@ def transpose_into_pad(s: "_Simplifier", op: Op) -> bool:
     x = s._transposed(p.inputs[0], perm, op)
     s.new_op("pad", [x, p.inputs[1]], s.shape(op.output), s.g.tensors[op.output].dtype,
              {"padding_config": cfg}, p, output=op.output)
+    return True
+
+
+def transpose_into_permute(s: "_Simplifier", op: Op) -> bool:
+    """transpose(cp_1(.. cp_n(z))) by P, z a slice, a dynamic slice or an all-reduce of
+    w, is cp_1(.. cp_n(z')), z' that op of transpose(w) by P (a slice's bounds and
+    strides, a dynamic slice's starts and sizes permuted alike): each permute passes its
+    pairs' whole values on unchanged, and a rank that receives nothing holds zeros, which
+    a transpose keeps zeros. The transpose enters the op under the permutes in the same
+    rewrite, so none is left right under a permute (simplify_moves.layout_out_of_permute
+    moves those out), and it then goes on toward its producer as on a side that has no
+    permute."""
+    permutes: list[Op] = []
+    z = s.producer.get(op.inputs[0])
+    while z is not None and z.kind == "collective_permute" and len(z.inputs) == 1:
+        permutes.append(z)
+        z = s.producer.get(z.inputs[0])
+    if not permutes or z is None:
+        return False
+    perm, shape, dtype = _perm(op), s.shape(op.output), s.g.tensors[op.output].dtype
+    if z.kind == "slice" and len(z.inputs) == 1:
+        q = {k: (None if z.params.get(k) is None else tuple(z.params[k][j] for j in perm))
+             for k in ("start_indices", "limit_indices", "strides")}
+        ins = [s._transposed(z.inputs[0], perm, op)]
+    elif z.kind == "dynamic_slice" and len(z.inputs) == 1 + len(perm):
+        q = dict(z.params)
+        q["slice_sizes"] = tuple(z.params["slice_sizes"][j] for j in perm)
+        ins = [s._transposed(z.inputs[0], perm, op), *(z.inputs[1 + j] for j in perm)]
+    elif z.kind == "all_reduce" and len(z.inputs) == 1:
+        q, ins = z.params, [s._transposed(z.inputs[0], perm, op)]
+    else:
+        return False
+    value = s.new_op(z.kind, ins, shape, dtype, q, z)
+    for k, cp in enumerate(reversed(permutes)):
+        value = s.new_op("collective_permute", [value], shape, dtype, cp.params, cp,
+                         output=op.output if k == len(permutes) - 1 else None)
     return True
 
 
@@ -280,7 +318,7 @@ def transpose_into_broadcast(s: "_Simplifier", op: Op) -> bool:
     b = s.producer.get(op.inputs[0])
     if b is None or b.kind != "broadcast_in_dim" or len(b.inputs) != 1:
         return False
-    value = _broadcast_placed(s, b, _inverse(_perm(op)), s.shape(op.output), op)
+    value = _broadcast_placed(s, b, inverse(_perm(op)), s.shape(op.output), op)
     return s.fold(op, value)
 
 
@@ -332,7 +370,7 @@ def reduction_of_transposed_tree(s: "_Simplifier", op: Op) -> bool:
         return False
     perm = list(next(iter(perms)))
     rank = len(perm)
-    where = _inverse(perm)      # u's dim perm[k] is t's dim k: u's dim d is t's where[d]
+    where = inverse(perm)      # u's dim perm[k] is t's dim k: u's dim d is t's where[d]
     if len(s.shape(t)) != rank or not _reorders(tuple(s.shape(t)[w] for w in where), perm):
         return False
     u = _rebuilt(s, t, perm, where, {}, op)

@@ -210,7 +210,7 @@ def test_a_reduction_rebuilt_with_the_permutation_not_inverted_is_caught(monkeyp
     # the buggy twin of the rule: each dim placed where P takes it from, not where P puts
     # it (the same for a permutation that is its own inverse, not for NHWC -> NCHW)
     from dlverify import simplify_transposes
-    monkeypatch.setattr(simplify_transposes, "_inverse", lambda perm: list(perm))
+    monkeypatch.setattr(simplify_transposes, "inverse", lambda perm: list(perm))
 
     def build(b, x, w):
         y = b.op("exp", [_t(b, _taps(b, x, w), _NHWC, _TO_NCHW)], (2, 4, 3, 3), F)
