@@ -216,12 +216,13 @@ def check_args(args: tuple[Any, ...]) -> None:
                              "a jax.ShapeDtypeStruct")
         try:
             numeric = jax.numpy.issubdtype(dtype, jax.numpy.number) or \
-                jax.numpy.issubdtype(dtype, jax.numpy.bool_)
+                jax.numpy.issubdtype(dtype, jax.numpy.bool_) or \
+                jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)   # carried as key data
         except Exception:  # noqa: BLE001: not a dtype at all
             numeric = False
         if not numeric:
             raise InputError(f"args: argument {i} has dtype {dtype}: expected a numeric or "
-                             "boolean dtype")
+                             "boolean dtype, or a PRNG key")
         bad = [d for d in shape if not isinstance(d, int) or not 0 <= d <= MAX_DIM]
         if bad:
             raise InputError(f"args: argument {i} has shape {shape}: every dimension must be an "

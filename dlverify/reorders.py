@@ -33,7 +33,7 @@ import numpy as np
 
 from dlverify.interpret import Interpreter, NotExecutable
 from dlverify.ir import Graph, GraphBuilder, IdAllocator, Op, Tensor
-from dlverify.ops import KINDS, Family, exact_dtype
+from dlverify.ops import KINDS, RANK_OPAQUE, Family, exact_dtype
 from dlverify.problem import Problem
 
 # data movement the permutation of an input may be built from (operand 0 the data;
@@ -72,7 +72,7 @@ class Chain:
 def input_free(g: Graph, rank: bool = False) -> set[int]:
     """Tensors of g computed from no input (and, unless `rank`, no rank coordinate)."""
     free: set[int] = set()
-    sources = ("custom_call", "rng_bit_generator") + (() if rank else ("axis_index",))
+    sources = RANK_OPAQUE | (frozenset() if rank else {"axis_index"})
     for op in g.ops:
         if op.kind not in sources and \
                 KINDS[op.kind].family is not Family.COLLECTIVE and all(i in free for i in op.inputs):

@@ -52,7 +52,7 @@ import numpy as np
 from dlverify.frontends.hlo.model import FLAT_AXIS
 from dlverify.interpret import Interpreter
 from dlverify.ir import Graph, GraphBuilder, IdAllocator, Op
-from dlverify.ops import KINDS, Family, NotExecutable
+from dlverify.ops import KINDS, RANK_OPAQUE, Family, NotExecutable
 from dlverify.problem import Problem
 
 MAX_REGION = 64        # ops of one region
@@ -377,7 +377,7 @@ def _rewrite_regions(g: Graph, ids: IdAllocator, ranks: int) -> bool:
 ROUND_TRIP_MOVES = MOVES | {"dynamic_slice", "pad", "all_gather", "collective_permute"}
 COLLECTIVE_OUTPUTS = frozenset({"all_reduce", "all_gather"})
 LITERALS = frozenset({"constant", "iota", "axis_index"})
-OPAQUE = frozenset({"custom_call", "rng_bit_generator"})   # may differ by rank whatever they read
+OPAQUE = RANK_OPAQUE   # may differ by rank whatever they read
 
 
 def _rank_only(g: Graph) -> set[int]:

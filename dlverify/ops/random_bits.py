@@ -43,3 +43,70 @@ def rng_bit_generator(call: Call) -> np.ndarray:
         return np.asarray(bits)
     halves = np.asarray(new_key).astype(np.uint64).reshape(2, 2)
     return halves[:, 0] | (halves[:, 1] << np.uint64(32))
+
+
+# ------------------------------------------------------------ JAX's key primitives
+# The jaxpr frontend carries a typed PRNG key as its key data (u32[..., 2] for
+# threefry), so these take and give key data; `impl` names the PRNG implementation
+# (jax.random.key_impl). Each maps every key of a batch of keys alone, as JAX's
+# primitives do: the batch dims lead, the key's own dims trail.
+
+def _keyed(call: Call, fn, key_rank: int, extra: tuple = ()) -> np.ndarray:
+    """fn(key, *extra elements) over the batch of keys in operand 0 (key data whose
+    last `key_rank` dims are one key's), by jax.vmap over the flattened batch."""
+    import jax
+    data = np.asarray(call.ins[0], dtype=np.uint32)
+    batch = data.shape[:data.ndim - key_rank]
+    flat = data.reshape((-1,) + data.shape[data.ndim - key_rank:])
+    args = [np.broadcast_to(np.asarray(e), batch).reshape(-1) for e in extra]
+    impl = call.params["impl"]
+
+    def one(kd, *xs):
+        return fn(jax.random.wrap_key_data(kd, impl=impl), *xs)
+    with jax.default_device(jax.devices("cpu")[0]):
+        out = np.asarray(jax.vmap(one)(flat, *args))
+    return out.reshape(batch + out.shape[1:])
+
+
+def _key_rank(call: Call) -> int:
+    return int(call.params["key_rank"])
+
+
+def random_bits(call: Call) -> np.ndarray:
+    """`bit_width` random bits of `shape` from each key (jax.random.bits)."""
+    import jax
+    width = int(call.params["bit_width"])
+    if f"uint{width}" not in _BITS:
+        raise NotExecutable(f"random_bits of width {width} (run: 8, 16, 32)")
+    shape = tuple(call.params["shape"])
+    return _keyed(call, lambda k: jax.random.bits(k, shape, np.dtype(f"uint{width}")),
+                  _key_rank(call))
+
+
+def random_split(call: Call) -> np.ndarray:
+    """Keys of `shape` split from each key (jax.random.split), as key data."""
+    import jax
+    shape = tuple(call.params["shape"])
+    return _keyed(call, lambda k: jax.random.key_data(jax.random.split(k, shape)),
+                  _key_rank(call))
+
+
+def random_fold_in(call: Call) -> np.ndarray:
+    """Each key with its u32 message folded in (jax.random.fold_in), as key data."""
+    import jax
+    return _keyed(call, lambda k, m: jax.random.key_data(jax.random.fold_in(k, m)),
+                  _key_rank(call), (np.asarray(call.ins[1], dtype=np.uint32),))
+
+
+def random_seed(call: Call) -> np.ndarray:
+    """The key data of a key seeded by each integer (jax.random.key)."""
+    import jax
+    seeds = np.asarray(call.ins[0])
+    if seeds.dtype.itemsize > 4:
+        raise NotExecutable(f"random_seed of a {seeds.dtype} seed (64-bit needs x64)")
+    impl = call.params["impl"]
+    with jax.default_device(jax.devices("cpu")[0]):
+        out = jax.vmap(lambda s: jax.random.key_data(jax.random.key(s, impl=impl)))(
+            seeds.reshape(-1))
+    out = np.asarray(out)
+    return out.reshape(seeds.shape + out.shape[1:])

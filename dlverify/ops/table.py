@@ -204,12 +204,25 @@ _KINDS: list[OpKind] = [
     OpKind("rng_bit_generator", UNARY, F.OPAQUE, A.NONLINEAR, R.rng_bit_generator,
            X.whole_function),
     OpKind("custom_call", at_least(0), F.OPAQUE, A.NONLINEAR, None, X.only_signature),
+    # JAX's PRNG primitives on key data (frontends/jaxpr/prng.py): deterministic
+    # functions of their whole operands, run by JAX itself
+    OpKind("random_bits", UNARY, F.OPAQUE, A.NONLINEAR, R.random_bits, X.whole_function),
+    OpKind("random_split", UNARY, F.OPAQUE, A.NONLINEAR, R.random_split, X.whole_function),
+    OpKind("random_fold_in", BINARY, F.OPAQUE, A.NONLINEAR, R.random_fold_in, X.whole_function),
+    OpKind("random_seed", UNARY, F.OPAQUE, A.NONLINEAR, R.random_seed, X.whole_function),
     # from an integer type a whole function (a PRNG key's u32[2,2] -> u64[2], random
     # bits -> a float); from a float, related by no rule: equal reals, other bits
     OpKind("bitcast_convert", UNARY, F.OPAQUE, A.NONLINEAR, T.bitcast_convert, X.bitcast_convert),
 ]
 
 KINDS: dict[str, OpKind] = {k.name: k for k in _KINDS}
+
+# Opaque ops whose results the structural passes (dlverify/reorders.py,
+# dlverify/resharding.py) treat as possibly different on every rank, whatever they
+# read: custom calls, and the generators of random bits and keys (their state
+# operands are rarely literal; assuming less is sound).
+RANK_OPAQUE = frozenset(k.name for k in _KINDS
+                        if k.family is F.OPAQUE and k.name != "bitcast_convert")
 
 
 # Layout kinds whose elements all come from their first n operands (None: all).

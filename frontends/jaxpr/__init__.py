@@ -14,10 +14,10 @@ from typing import Any, Callable
 import numpy as np
 
 from dlverify.errors import InputError
-from dlverify.frontends.jaxpr import loops, primitives, scatter, shard_map, sorting, windows  # noqa: F401 - register the exporters
+from dlverify.frontends.jaxpr import loops, primitives, prng, scatter, shard_map, sorting, windows  # noqa: F401 - register the exporters
 from dlverify.frontends.jaxpr.frames import home_file, prefer_callers
 from dlverify.frontends.jaxpr.shard_map import find_mesh
-from dlverify.frontends.jaxpr.walk import _OWN_FILES, Ctx, _dtype, walk
+from dlverify.frontends.jaxpr.walk import _OWN_FILES, Ctx, _dtype, ir_shape, walk
 from dlverify.gcpause import gc_paused
 from dlverify.ir import Graph, GraphBuilder, IdAllocator, Mesh
 from dlverify.problem import Problem
@@ -132,7 +132,7 @@ def _import(seq_closed: Any, dist_closed: Any, name: str,
 
     seq = Graph("sequential")
     sb = GraphBuilder(seq, ids)
-    seq_in = [sb.tensor(tuple(v.aval.shape), _dtype(v.aval), f"in{i}")
+    seq_in = [sb.tensor(ir_shape(v.aval), _dtype(v.aval), f"in{i}")
               for i, v in enumerate(seq_closed.jaxpr.invars)]
     seq.inputs = seq_in
     seq_scans: list[Any] | None = [] if summarise else None
@@ -163,7 +163,7 @@ def _import(seq_closed: Any, dist_closed: Any, name: str,
     for k, (outer, bv) in enumerate(zip(sm.invars, body_j.invars)):
         i = pos[outer]
         if dist_in[i] is None:
-            dist_in[i] = db.tensor(tuple(bv.aval.shape), _dtype(bv.aval), f"in{i}")
+            dist_in[i] = db.tensor(ir_shape(bv.aval), _dtype(bv.aval), f"in{i}")
             top_spec[i] = in_specs[k]
         elif tuple(spec_entries(top_spec[i])) != tuple(spec_entries(in_specs[k])):
             raise InputError(f"argument {i} is passed to shard_map twice with different in_specs")

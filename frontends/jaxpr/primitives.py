@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from dlverify.errors import InputError, UnknownOpError
-from dlverify.frontends.jaxpr.walk import (EXPORTERS, Ctx, Exporter, _elementwise, _loc, _out,
+from dlverify.frontends.jaxpr.walk import (EXPORTERS, Ctx, Exporter, _dtype, _elementwise, _loc, _out,
                                            _simple, _where, exporter, walk)
 from dlverify.ops.dtypes import convert_kind
 
@@ -93,6 +93,11 @@ def _reshape(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
 
 EXPORTERS["transpose"] = _simple("transpose", lambda e: {"permutation": tuple(int(p) for p in e.params["permutation"])})
 EXPORTERS["concatenate"] = _simple("concatenate", lambda e: {"dimension": int(e.params["dimension"])})
+# lax.bitcast_convert_type: the operand's stored bits read as another type (random
+# bits -> a float in [1, 2): uniform sampling); between widths a last dim appears
+# or goes, as in XLA's op
+EXPORTERS["bitcast_convert_type"] = _simple(
+    "bitcast_convert", lambda e: {"from": _dtype(e.invars[0].aval)})
 EXPORTERS["rev"] = _simple("rev", lambda e: {"dimensions": tuple(e.params["dimensions"])})
 EXPORTERS["pad"] = _simple("pad", lambda e: {"padding_config": tuple(tuple(p) for p in e.params["padding_config"])})
 EXPORTERS["iota"] = _simple("iota", lambda e: {"dimension": int(e.params["dimension"])})

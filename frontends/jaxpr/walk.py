@@ -18,6 +18,7 @@ from dlverify.errors import InputError, UnknownOpError
 from dlverify.frontends.jaxpr.known import KnownValues
 from dlverify.ir import Frame, GraphBuilder, Mesh, SourceLoc
 
+import jax
 import jax.extend.core as jcore
 from jax._src import source_info_util  # private: jax is pinned in pyproject.toml
 
@@ -57,8 +58,28 @@ def _dtype_name(dtype: Any) -> str:
     return str(np.dtype(dtype))
 
 
+def is_key(aval: Any) -> bool:
+    """A typed PRNG key array (`jax.random.key`): the IR carries its key data."""
+    return hasattr(aval, "dtype") and jax.dtypes.issubdtype(aval.dtype, jax.dtypes.prng_key)
+
+
+@lru_cache(maxsize=64)
+def key_shape(dtype: Any) -> tuple[int, ...]:
+    """The trailing dims one key of this key dtype occupies in its key data."""
+    data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct((), dtype))
+    return tuple(int(s) for s in data.shape)
+
+
 def _dtype(aval: Any) -> str:
+    if is_key(aval):
+        return "uint32"   # jax.random.key_data of every PRNG implementation JAX ships
     return _dtype_name(aval.dtype) if hasattr(aval, "dtype") else "token"
+
+
+def ir_shape(aval: Any) -> tuple[int, ...]:
+    """The IR tensor's shape for an aval: a key array's dims, then one key's."""
+    shape = tuple(int(s) for s in aval.shape)
+    return shape + key_shape(aval.dtype) if is_key(aval) else shape
 
 
 @dataclass
@@ -112,6 +133,24 @@ def _where(eqn: Any) -> tuple[str, int]:
 
 Exporter = Callable[[Ctx, Any, list[int]], list[int]]
 EXPORTERS: dict[str, Exporter] = {}
+# Exporters of primitives applied to PRNG key arrays, whose params count only the
+# key array's dims (frontends/jaxpr/prng.py); KEY_AGNOSTIC: primitives whose plain
+# exporter is right on key data as it is (the trailing key dims follow the output
+# shape; control flow walks its bodies, whose key vars are key data too).
+KEY_EXPORTERS: dict[str, Exporter] = {}
+KEY_AGNOSTIC = frozenset({"reshape", "squeeze", "expand_dims", "concatenate", "copy", "copy_p",
+                          "pvary", "optimization_barrier", "stop_gradient", "jit", "pjit",
+                          "closed_call", "scan", "while", "cond"})
+
+
+def _exporter_for(eqn: Any) -> Exporter | None:
+    name = eqn.primitive.name
+    if any(is_key(v.aval) for v in (*eqn.invars, *eqn.outvars)) and name not in KEY_AGNOSTIC:
+        if name not in KEY_EXPORTERS:
+            raise UnknownOpError(f"'{name}' on PRNG key arrays is not supported (exporters of "
+                                 f"key arrays: frontends/jaxpr/prng.py)", *_where(eqn))
+        return KEY_EXPORTERS[name]
+    return EXPORTERS.get(name)
 
 
 def exporter(*names: str) -> Callable[[Exporter], Exporter]:
@@ -124,7 +163,7 @@ def exporter(*names: str) -> Callable[[Exporter], Exporter]:
 
 def _out(eqn: Any, i: int = 0) -> tuple[tuple[int, ...], str]:
     aval = eqn.outvars[i].aval
-    return tuple(int(s) for s in aval.shape), _dtype(aval)
+    return ir_shape(aval), _dtype(aval)
 
 
 def _simple(kind: str, params: Callable[[Any], dict] | None = None) -> Exporter:
@@ -170,7 +209,7 @@ def walk(ctx: Ctx, jaxpr: Any, in_ids: list[int]) -> list[int]:
         jaxpr = jaxpr.jaxpr
     env: dict[Any, int] = {}
     for v, c in zip(jaxpr.constvars, consts):
-        val = np.asarray(c)
+        val = np.asarray(jax.random.key_data(c) if is_key(v.aval) else c)
         env[v] = ctx.b.constant(val, tuple(val.shape), str(val.dtype))
     if len(jaxpr.invars) != len(in_ids):
         raise InputError(f"call with {len(in_ids)} operands for {len(jaxpr.invars)} parameters")
@@ -184,7 +223,7 @@ def walk(ctx: Ctx, jaxpr: Any, in_ids: list[int]) -> list[int]:
 
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
-        ex = EXPORTERS.get(name)
+        ex = _exporter_for(eqn)
         if ex is None:
             if name == "shard_map":
                 raise InputError("nested shard_map is not supported", *_where(eqn))
