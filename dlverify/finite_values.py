@@ -29,7 +29,7 @@ TOTAL = frozenset({
     "cbrt", "clamp", "broadcast_in_dim", "reshape", "transpose", "slice", "dynamic_slice",
     "dynamic_update_slice", "concatenate", "pad", "rev", "gather", "scatter", "scatter_add",
     "select_n", "dot_general", "reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "cumsum",
-    "cummax", "cummin", "cumprod", "all_gather", "all_reduce", "all_to_all", "collective_permute",
+    "cummax", "cummin", "cumprod", "cumlogsumexp", "all_gather", "all_reduce", "all_to_all", "collective_permute",
     "reduce_scatter", "softmax", "sort", "top_k", "iota", "axis_index", "convert_to_int",
     "convert_to_bool", "eq", "ne", "lt", "le", "gt", "ge", "argmax", "argmin", "is_finite",
 })

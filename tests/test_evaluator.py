@@ -247,3 +247,11 @@ def test_broadcast_with_dims_in_any_order_maps_operand_dim_i_to_output_dim_dims_
     np.testing.assert_array_equal(got, want)
     for idx in itertools.product(*(range(n) for n in out_shape)):
         assert got[idx] == x[tuple(idx[d + 1] for d in dims)]
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_cumlogsumexp_is_laxs(reverse):
+    x = np.random.default_rng(1).standard_normal((3, 5)).astype(np.float32) * 30
+    np.testing.assert_allclose(
+        evaluate("cumlogsumexp", {"axis": 1, "reverse": reverse}, [x], x.shape, "float32"),
+        np.asarray(lax.cumlogsumexp(x, axis=1, reverse=reverse), np.float64), rtol=1e-5)

@@ -104,7 +104,8 @@ def test_argmax_over_a_split_axis_or_of_a_scaled_operand_has_no_view():
 
 @pytest.mark.parametrize("kind,params", [("sort", {"dimension": 1}),
                                          ("cummax", {"axis": 1, "reverse": False}),
-                                         ("cumsum", {"axis": 1, "reverse": True})])
+                                         ("cumsum", {"axis": 1, "reverse": True}),
+                                         ("cumlogsumexp", {"axis": 1, "reverse": False})])
 def test_sorts_and_scans_along_a_whole_axis_keep_the_block(kind, params):
     t = Tiny()
     xs, xd = t.input((4, 6), ("x", None))
@@ -172,3 +173,22 @@ def test_a_scan_along_a_split_axis_has_no_view_and_cumsum_keeps_partial_terms():
     assert out.views(ys, yd) == []
     assert {v.partial.op for v in out.views(cs, cd, 0)} == {t.seq.ops[-2].id}
     assert out.result.verified
+
+
+def test_cumlogsumexp_along_a_split_axis_or_of_partial_terms_has_no_view():
+    """log-sum-exp is not linear: a rank's prefix along its own block of the axis is
+    not a block of the sequential prefix, and a partial sum's terms do not pass."""
+    t = Tiny()
+    xs, xd = t.input((4, 6), (None, "x"))
+    ys = t.sop("cumlogsumexp", [xs], (4, 6), axis=1, reverse=False)
+    yd = t.dop("cumlogsumexp", [xd], (4, 3), axis=1, reverse=False)
+    ws, wd = t.input((6, 5), ("x", None))
+    ps = t.sop("dot_general", [xs, ws], (4, 5), **DOT)
+    pd = t.dop("dot_general", [xd, wd], (4, 5), **DOT)
+    cs = t.sop("cumlogsumexp", [ps], (4, 5), axis=1, reverse=False)
+    cd = t.dop("cumlogsumexp", [pd], (4, 5), axis=1, reverse=False)
+    rd = t.dop("all_reduce", [cd], (4, 5), reducer="sum", groups=[[0, 1]])
+    t.output(cs, rd)
+    out = t.run()
+    assert out.views(ys, yd) == [] and out.views(cs, cd) == []
+    assert not out.result.verified

@@ -434,7 +434,7 @@ def reduction(ex: FactSink, s: Site) -> tuple:
 
 
 def along_axis(ex: FactSink, s: Site) -> tuple:
-    """cumsum/cumprod/cummax/cummin (param `axis`) and sort (`dimension`): each
+    """cumsum/cumprod/cummax/cummin/cumlogsumexp (param `axis`) and sort (`dimension`): each
     row along the axis is processed alone, every other dim is kept."""
     p = s.op.params
     ex.add(S.ALONG_AXIS, s.op.id, int(p["axis"] if "axis" in p else p["dimension"]))

@@ -222,6 +222,7 @@ cumsum = _scan(np.cumsum)
 cumprod = _scan(np.cumprod)
 cummax = _scan(np.maximum.accumulate)
 cummin = _scan(np.minimum.accumulate)
+cumlogsumexp = _scan(np.logaddexp.accumulate)   # log(cumsum(exp x)), without overflow
 
 
 def sort(call: Call) -> np.ndarray:

@@ -187,6 +187,7 @@ _KINDS: list[OpKind] = [
     OpKind("cumsum", UNARY, F.SCAN, A.LINEAR, T.cumsum, X.along_axis),
     OpKind("cumprod", UNARY, F.SCAN, A.NONLINEAR, T.cumprod, X.along_axis),
     OpKind("cummax", UNARY, F.SCAN, A.NONLINEAR, T.cummax, X.along_axis),
+    OpKind("cumlogsumexp", UNARY, F.SCAN, A.NONLINEAR, T.cumlogsumexp, X.along_axis),
     OpKind("cummin", UNARY, F.SCAN, A.NONLINEAR, T.cummin, X.along_axis),
     OpKind("sort", at_least(1), F.SORT, A.NONLINEAR, T.sort, X.along_axis),
     OpKind("top_k", UNARY, F.SORT, A.NONLINEAR, T.top_k, X.along_axis),

@@ -26,7 +26,7 @@ for _n in _UNARY + _BINARY + ["select_n", "clamp"]:
 EXPORTERS["add_any"] = _elementwise("add")
 EXPORTERS["round"] = _elementwise("round", lambda e: {"rounding": str(e.params.get("rounding_method"))})
 EXPORTERS["integer_pow"] = _elementwise("integer_pow", lambda e: {"y": int(e.params["y"])})
-for _n in ["cumsum", "cumprod", "cummax", "cummin"]:
+for _n in ["cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"]:
     EXPORTERS[_n] = _simple(_n, lambda e: {"axis": int(e.params["axis"]),
                                            "reverse": bool(e.params["reverse"])})
 
