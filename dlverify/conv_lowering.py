@@ -199,14 +199,21 @@ def _positions(site: WindowSite, xp: int, ps: tuple[int, ...], w: int, ws: tuple
     G, B = spec.feature_group_count, spec.batch_group_count
     win = ws[2:]
     m = len(win)
+    # each window with its batch or feature dim split by group (a row of the stacked
+    # operand): the stack is then the dot's operand itself, whose positions the rewrites
+    # split into one dot each (rewrites.py), as they split an ungrouped convolution's.
+    # A batch group of one is not written: the batch dim is the group dim (a depthwise
+    # kernel gradient, as XLA computes it: each channel's dot batched over the channel)
+    nb, ob = int(n // B > 1), int(o // B > 1)
+    row = (n, G, i) if G > 1 else (B,) + (n // B,) * nb + (c,) if B > 1 else (n, c)
     rows = []
     for pos in itertools.product(*(range(q) for q in sizes)):
         start = (0, 0) + tuple(p * st for p, st in zip(pos, spec.strides))
         limit = (n, c) + tuple(a + kk for a, kk in zip(start[2:], win))
         xt = slice_(site, xp, ps, start, limit)
-        rows.append(reshape(site, xt, (n, c) + win, (1, n, c) + win))
+        rows.append(reshape(site, xt, (n, c) + win, (1,) + row + win))
     P = len(rows)
-    x = rows[0] if P == 1 else site.emit("concatenate", rows, (P, n, c) + win, {"dimension": 0})
+    x = rows[0] if P == 1 else site.emit("concatenate", rows, (P,) + row + win, {"dimension": 0})
     if G == 1 and B == 1:   # [P, n, c, win] x [o, i, win] -> [P, n, o] -> [n, o, P]
         y = site.emit("dot_general", [x, w], (P, n, o), {
             "lhs_contract": (2,) + tuple(3 + j for j in range(m)),
@@ -214,22 +221,22 @@ def _positions(site: WindowSite, xp: int, ps: tuple[int, ...], w: int, ws: tuple
         y, _ = transpose(site, y, (P, n, o), (1, 2, 0))
         return reshape(site, y, (n, o, P), (n, o) + sizes)
     if G > 1:   # [P, n, G, i, win] x [G, o/G, i, win] -> [G, P, n, o/G] -> [n, G, o/G, P]
-        xs = reshape(site, x, (P, n, c) + win, (P, n, G, i) + win)
         wg = reshape(site, w, (o, i) + win, (G, o // G, i) + win)
         out = (G, P, n, o // G)
-        y = site.emit("dot_general", [xs, wg], out, {
+        y = site.emit("dot_general", [x, wg], out, {
             "lhs_contract": (3,) + tuple(4 + j for j in range(m)),
             "rhs_contract": (2,) + tuple(3 + j for j in range(m)), "lhs_batch": (2,), "rhs_batch": (0,)})
         y, sh = transpose(site, y, out, (2, 0, 3, 1))
         return reshape(site, y, sh, (n, o) + sizes)
     # [P, B, n/B, c, win] x [B, o/B, i, win] -> [B, P, n/B, o/B] -> [n/B, B, o/B, P]
-    xs = reshape(site, x, (P, n, c) + win, (P, B, n // B, c) + win)
-    wb = reshape(site, w, (o, i) + win, (B, o // B, i) + win)
-    out = (B, P, n // B, o // B)
-    y = site.emit("dot_general", [xs, wb], out, {
-        "lhs_contract": (3,) + tuple(4 + j for j in range(m)),
-        "rhs_contract": (2,) + tuple(3 + j for j in range(m)), "lhs_batch": (1,), "rhs_batch": (0,)})
-    y, sh = transpose(site, y, out, (2, 0, 3, 1))
+    # (n/B and o/B only when above 1)
+    wb = reshape(site, w, (o, i) + win, (B,) + (o // B,) * ob + (i,) + win)
+    out = (B, P) + (n // B,) * nb + (o // B,) * ob
+    y = site.emit("dot_general", [x, wb], out, {
+        "lhs_contract": (2 + nb,) + tuple(3 + nb + j for j in range(m)),
+        "rhs_contract": (1 + ob,) + tuple(2 + ob + j for j in range(m)),
+        "lhs_batch": (1,), "rhs_batch": (0,)})
+    y, sh = transpose(site, y, out, (2,) * nb + (0,) + (2 + nb,) * ob + (1,))
     return reshape(site, y, sh, (n // B, o) + sizes)
 
 

@@ -303,6 +303,23 @@ def causal_conv_halo_kernel_grad():
                          description="the kernel gradient of the halo conv (summed over 'sp' by jax.grad); SP=4")
 
 
+def causal_grads_wrong_neighbour(x, w):
+    def loss(b):
+        wrong = [(r, r - 1) for r in range(1, SP)]
+        xh = jnp.concatenate([lax.ppermute(x[:, :, LOCAL - (K - 1):], "sp", wrong), x], axis=2)  # BUG: halo from rank r + 1
+        return jnp.sum(jax.nn.silu(_valid_conv(xh, b)) ** 2)
+    return jax.grad(loss)(w)
+
+
+@dlverify.case
+def causal_conv_kernel_grad_bug_wrong_neighbour():
+    mesh = dlverify.host_mesh((SP,), ("sp",))
+    dist = jax.jit(jax.shard_map(causal_grads_wrong_neighbour, mesh=mesh,
+                                 in_specs=(P(None, None, "sp"), P()), out_specs=P()))
+    return dlverify.Case(seq=causal_grads_seq, dist=dist, args=_seq_args(), expect="bug",
+                         description="the kernel gradient of the halo conv, the halo from the next rank")
+
+
 # -- 2-D halo exchange ----------------------------------------------------------
 
 def _img_args():

@@ -44,6 +44,12 @@ CASES = {
                                                 batch_group_count=2)),
     "causal_depthwise": ((2, 4, 10), (4, 1, 4), dict(window_strides=(1,), padding=((3, 0),),
                                                      feature_group_count=4)),
+    # batch groups with fewer positions than taps (one dot per position, conv_lowering
+    # ._positions): groups of 2 batches and 3 output features; of one batch and 2 features
+    "batch_groups_fewer_positions": ((4, 3, 12), (6, 3, 10), dict(
+        window_strides=(1,), padding="VALID", batch_group_count=2)),
+    "batch_groups_of_one_batch": ((2, 3, 12), (4, 3, 10), dict(
+        window_strides=(1,), padding="VALID", batch_group_count=2)),
     "fewer_positions_than_taps": ((2, 3, 12), (4, 3, 10), dict(window_strides=(1,),
                                                                padding="VALID")),
     "nhwc_strided": ((2, 8, 8, 3), (3, 3, 3, 5), dict(
