@@ -75,7 +75,8 @@ import numpy as np
 from dlverify.ir import CHAIN_DEPTH, Graph, IdAllocator, Op
 from dlverify.simplify_forms import _FormRules
 from dlverify.unit_placement import (canonical_units, deleted_units_transposed, free_units_placed,
-                                     merged_dims_split, transposed_operands, transposed_reshapes)
+                                     merged_dims_split, transposed_operands, transposed_reshapes,
+                                     units_placed_as_operand, units_placed_as_operands)
 
 if TYPE_CHECKING:
     from dlverify.simplify import _Simplifier
@@ -496,7 +497,8 @@ class _UnitLayouts(_FormRules):
             elif op.kind in ("reshape", "transpose") and op.inputs and self.rewrite(op) \
                     or self.lone_units_deleted(op) \
                     or deleted_units_transposed(self, op, self.transposed) \
-                    or free_units_placed(self, op, self.merges):
+                    or free_units_placed(self, op, self.merges) \
+                    or units_placed_as_operand(self, op, self.partner_dots):
                 changed = True
                 continue
             self.out.append(op)
@@ -515,12 +517,13 @@ def unit_layouts_as_sequential(seq: Graph, dist: Graph, ids: IdAllocator) -> boo
     graphs (unit_placement.canonical_units; on `dist`, not those already in the form of a
     sequential pair)."""
     canonical_units(seq, ids)
+    units_placed_as_operands(seq, ids)
     targets = _targets(seq)
     def written(ys: tuple[int, ...], mid: tuple[int, ...], perm: tuple[int, ...],
-                out: tuple[int, ...]) -> bool:
-        """Whether a pair is so written as a sequential reshape-then-transpose (kept:
-        the chains would move it back)."""
-        return any(t.first == "reshape" and t.perm == perm and _pair_form(ys, out, t) == mid
+                out: tuple[int, ...], first: str) -> bool:
+        """Whether a pair is so written as a sequential pair whose op `first` comes first
+        (kept: the chains would move it back)."""
+        return any(t.first == first and t.perm == perm and _pair_form(ys, out, t) == mid
                    for t in targets)
     changed = canonical_units(dist, ids, written)
     for _ in range(_POST_PASSES):

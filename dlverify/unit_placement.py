@@ -14,7 +14,12 @@ form for the distributed one, which is ambiguous when the sequential program hol
   with its size-1 dims where the result has them and a transpose fixing them
   (canonical_form), one form per data movement. Where the sequential dim is sized the
   distributed chain then takes the sequential pair's form as before (unit_layouts'
-  chains); where both are size 1 both sides now hold one form.
+  chains); where both are size 1 both sides now hold one form. Likewise a reshape of a
+  transpose that moves size-1 dims only is one reshape (unit_move_reshaped; on the
+  distributed graph not where it is written as a sequential transpose-then-reshape
+  whose dim is sized there): with one KV head the program moves g before flattening the
+  attention output, [b, 1, s, j, d] -> [b, s, 1, j, d] -> [b, s, 1, j*d], which the
+  rank's module writes as the reshape alone.
 * `deleted_units_transposed` (the distributed graph): a dot operand reshape(y) that only
   deletes size-1 dims of y reads transpose(y, P) instead, the deleted dims free dims of
   the dot (the result reshaped back), when P is the permutation of a transpose that a
@@ -38,9 +43,26 @@ form for the distributed one, which is ambiguous when the sequential program hol
   transpose by P puts them (the flattened attention output before the output projection,
   [b, 1, s, j*d] against the program's [b, s, 1, j*d]) is reshaped to put them there.
 
+* `unit_reduction_as_reshape` (the sequential graph, in the normal form's pass): a reduction
+  whose axes all have size 1 combines one element with the reducer's identity (the HLO
+  frontend admits no other init), so it is the reshape deleting those dims; reshapes
+  then sink past elementwise ops and into broadcasts as the other side's deletions do.
+  With one KV head the program sums the softmax gradient's row term over its size-1
+  group dim g, then negates it; the rank's module has no g to sum over and negates the
+  term itself.
+
+* `units_placed_as_operand` (the sequential graph, after the normal form, and the
+  distributed one where that lets a dot fit a sequential dot it did not): a dot
+  operand reshape(y) that merges y's sized dims and keeps its size-1 dims, all free
+  dims of the dot, reads them where y has them (unit_order), the result reshaped back.
+  With one KV head the program flattens the attention output [b, g, s, j, d] to
+  [b, s, g, j*d] for the output projection (a transpose moving g, which
+  canonical_units writes as one reshape) and the query's gradient to [b, g, s, j*d]:
+  one form now, and the rank's XLA module writes both as the latter.
+
 Each is an identity of data movement; the sequential program only chooses among equal
 forms, so a wrong choice costs a relation, never soundness. tests/test_unit_layouts.py
-checks each numerically and where it must not fire.
+and tests/test_unit_placement.py check each numerically and where it must not fire.
 """
 from __future__ import annotations
 
@@ -49,7 +71,7 @@ from typing import Callable, NamedTuple
 
 from dlverify.ir import Graph, IdAllocator, Op
 from dlverify.rewrites import _Rewriter
-from dlverify.simplify_forms import _merge_groups, _unit_deletion
+from dlverify.simplify_forms import _FormRules, _merge_groups, _unit_deletion
 
 
 def _sized(shape: tuple[int, ...]) -> list[int]:
@@ -82,8 +104,9 @@ def canonical_form(ys: tuple[int, ...], mid: tuple[int, ...], perm: tuple[int, .
 
 class _CanonicalUnits(_Rewriter):
     """canonical_units' pass: each transpose(reshape(y)) of the module docstring in its
-    canonical form (canonical_form), except those `keep` (y's shape, the reshape's, the
-    permutation, the result's) holds."""
+    canonical form (canonical_form), and each reshape of a unit move as one reshape,
+    except the pairs `keep` (y's shape, the middle shape, the permutation, the result's;
+    `first`: the pair's first op kind) holds."""
 
     def __init__(self, graph: Graph, ids: IdAllocator,
                  keep: Callable[..., bool] | None = None) -> None:
@@ -91,21 +114,45 @@ class _CanonicalUnits(_Rewriter):
         self.keep = keep
 
     def apply(self, op: Op) -> bool:
-        """Write a transpose(reshape(y)) in its canonical form (True), or leave `op`; the
-        pass itself is _Rewriter.run's."""
+        """Write a transpose(reshape(y)) in its canonical form, or a reshape(transpose(y))
+        as one reshape (True), or leave `op`; the pass itself is _Rewriter.run's."""
+        if op.kind == "reshape":
+            return self.unit_move_reshaped(op)
         r = self.producer.get(op.inputs[0]) if op.kind == "transpose" else None
         if r is None or r.kind != "reshape":
             return False
         y, perm = r.inputs[0], tuple(op.params["permutation"])
         shapes = (self.shape(y), self.shape(r.output), perm, self.shape(op.output))
         form = canonical_form(*shapes)
-        if form is None or form == shapes[1:3] or self.keep is not None and self.keep(*shapes):
+        if form is None or form == shapes[1:3] or self.keep is not None and self.keep(
+                *shapes, first="reshape"):
             return False
         c, p = form
         dtype = self.g.tensors[op.output].dtype
         x = y if c == self.shape(y) else self.new_op("reshape", [y], c, dtype, {}, r)
         self.new_op("transpose", [x], self.shape(op.output), dtype, {"permutation": p}, op,
                     output=op.output)
+        return True
+
+    def unit_move_reshaped(self, op: Op) -> bool:
+        """reshape(transpose(y, P)) where P keeps y's sized dims in their order (it moves
+        size-1 dims only, so it moves no element) is reshape(y): the canonical form of a
+        unit move under a reshape, unless `keep` holds the pair (y's shape, the
+        transpose's, P, the result's; the distributed side keeps the form of a
+        sequential transpose-then-reshape whose dim is sized there)."""
+        tr = self.producer.get(op.inputs[0]) if op.inputs else None
+        if tr is None or tr.kind != "transpose":
+            return False
+        y, perm = tr.inputs[0], tuple(tr.params["permutation"])
+        ys = self.shape(y)
+        moved = [d for d in perm if ys[d] != 1]
+        if moved != sorted(moved) or self.g.tensors[y].dtype != self.g.tensors[op.output].dtype:
+            return False
+        if self.keep is not None and self.keep(ys, self.shape(tr.output), perm,
+                                               self.shape(op.output), first="transpose"):
+            return False
+        self.new_op("reshape", [y], self.shape(op.output), self.g.tensors[op.output].dtype, {},
+                    op, output=op.output)
         return True
 
 
@@ -329,6 +376,110 @@ def free_units_placed(rw, op: Op, merges: set[tuple]) -> bool:
     return False
 
 
+# reductions whose result over size-1 axes is the one element (init: the identity); the
+# boolean ones too in arithmetic, but masks keep the forms their rules read
+_UNIT_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod"})
+
+
+def unit_reduction_as_reshape(rw, op: Op) -> bool:
+    """A reduction over size-1 axes only is the reshape deleting them (module docstring);
+    `rw` the normal form's rewriter of the sequential graph (`partner_dots` None). Not on
+    the distributed one: there a size-1 dim may be a rank's block of one element of a
+    sized sequential dim, and its reduction a partial term of the sequential reduction
+    (the FSDP loss's sum over a batch of one per rank), which the partial-sum rules read
+    as a reduction."""
+    if getattr(rw, "partner_dots", None) is not None \
+            or op.kind not in _UNIT_REDUCTIONS or len(op.inputs) != 1:
+        return False
+    x = op.inputs[0]
+    if any(rw.shape(x)[a] != 1 for a in op.params["axes"]):
+        return False
+    out = rw.g.tensors[op.output]
+    if rw.g.tensors[x].dtype != out.dtype:
+        return False
+    rw.new_op("reshape", [x], out.shape, out.dtype, {}, op, output=op.output)
+    return True
+
+
+def unit_order(ys: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """For a reshape of y (shape ys) to `shape` that merges runs of y's sized dims and
+    keeps as many size-1 dims as y has: the shape with the same sized dims and each
+    size-1 dim where y has it among them (a merged dim at its run's first dim); None for
+    any other reshape."""
+    sized_y, sized = tuple(n for n in ys if n != 1), tuple(n for n in shape if n != 1)
+    if ys.count(1) != shape.count(1) or not ys.count(1):
+        return None
+    runs = _merge_groups(sized_y, sized) if sized else ([] if not sized_y else None)
+    if runs is None:
+        return None
+    first = {run[0]: sized[i] for i, run in enumerate(runs)}
+    placed, k = [], 0
+    for n in ys:
+        if n == 1:
+            placed.append(1)
+            continue
+        if k in first:
+            placed.append(first[k])
+        k += 1
+    return tuple(placed)
+
+
+def units_placed_as_operand(rw, op: Op, partner=None) -> bool:
+    """See the module docstring: `rw` a rewriter of either graph (new_op, shape,
+    producer, _dot_then_unit_reshape); `partner` the sequential dot_roles on the
+    distributed graph (the move then only where the dot fits a sequential dot only so),
+    None on the sequential one."""
+    from dlverify.unit_layouts import _fits
+    if op.kind != "dot_general" or len(op.inputs) != 2:
+        return False
+    p = op.params
+    shapes = [rw.shape(t) for t in op.inputs]
+    if partner is not None and _fits(p, *shapes, partner):
+        return False
+    for side, key in ((0, "lhs"), (1, "rhs")):
+        r = rw.producer.get(op.inputs[side])
+        if r is None or r.kind != "reshape":
+            continue
+        shape = shapes[side]
+        roles = set(p[f"{key}_batch"]) | set(p[f"{key}_contract"])
+        if any(shape[d] == 1 for d in roles):
+            continue                               # (a size-1 dim paired with the other side)
+        placed = unit_order(rw.shape(r.inputs[0]), shape)
+        if placed is None or placed == shape:
+            continue
+        sized_at = [d for d, n in enumerate(placed) if n != 1]
+        at = {d: sized_at[i] for i, d in enumerate(d for d, n in enumerate(shape) if n != 1)}
+        q = dict(p)
+        for role in ("batch", "contract"):
+            q[f"{key}_{role}"] = tuple(at[d] for d in p[f"{key}_{role}"])
+        new_shapes = list(shapes)
+        new_shapes[side] = placed
+        if partner is not None and not _fits(q, *new_shapes, partner):
+            continue
+        y = r.inputs[0]
+        x = y if rw.shape(y) == placed else rw.new_op("reshape", [y], placed,
+                                                     rw.g.tensors[y].dtype, {}, r)
+        ins = list(op.inputs)
+        ins[side] = x
+        return rw._dot_then_unit_reshape(op, ins, q)
+    return False
+
+
+class _PlacedOperands(_FormRules):
+    """units_placed_as_operand's pass over the sequential graph."""
+
+    def apply(self, op: Op) -> bool:
+        """The dot `op` reading its operands' size-1 dims where their reshapes' operands
+        have them (True), or left; the pass itself is _Rewriter.run's."""
+        return units_placed_as_operand(self, op)
+
+
+def units_placed_as_operands(g: Graph, ids: IdAllocator) -> bool:
+    """Rewrite the sequential graph `g` in place (units_placed_as_operand on every dot);
+    whether anything changed."""
+    return _PlacedOperands(g, ids).run()
+
+
 def _one_dot(*sizes):
     """A PartnerDots holding one sequential dot's sizes (for _fits)."""
     from dlverify.unit_layouts import PartnerDots
@@ -339,4 +490,6 @@ def _one_dot(*sizes):
 
 
 __all__ = ["canonical_form", "canonical_units", "deleted_units_transposed", "free_units_placed",
-           "merged_dims_split", "transposed_operands", "transposed_reshapes"]
+           "merged_dims_split", "transposed_operands", "transposed_reshapes",
+           "unit_order", "unit_reduction_as_reshape", "units_placed_as_operand",
+           "units_placed_as_operands"]

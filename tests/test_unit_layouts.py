@@ -488,14 +488,17 @@ def _flattened_projection(b, o, w, seq):
 
 
 def test_a_flattened_operands_size_1_dim_goes_where_the_program_puts_it():
+    # (both unit moves are one reshape, unit_placement.canonical_units, and the program's
+    # dot reads the size-1 dim where o has it, units_placed_as_operands: both sides meet
+    # at [b, 1, s, j*d])
     shapes = [(2, 1, 3, 2, 4), (8, 5)]
     seq, _ = _graph(lambda b, o, w: _flattened_projection(b, o, w, True), shapes)
     g, ids = _graph(lambda b, o, w: _flattened_projection(b, o, w, False), shapes)
     before = copy.deepcopy(g)
     assert unit_layouts_as_sequential(seq, g, ids)
     _same_values(before, g, shapes)
-    (dot,) = _dots(g)
-    assert g.tensors[dot.inputs[0]].shape == (2, 3, 1, 8)
+    (dot,), (seq_dot,) = _dots(g), _dots(seq)
+    assert g.tensors[dot.inputs[0]].shape == seq.tensors[seq_dot.inputs[0]].shape == (2, 1, 3, 8)
     assert not unit_layouts_as_sequential(seq, g, ids)         # a fixpoint
 
 
