@@ -62,7 +62,9 @@ No rule moves a transpose out of a slice, a concatenation or an elementwise op,
 and a transpose enters an all-gather (against simplify_sink.transpose_out_of_all_gather,
 which moves transposes of gathered operands out) or a collective_permute (against
 simplify_moves.layout_out_of_permute) only when the dot or concatenation under it
-takes it whole in the same rewrite, so no transpose is left under the collective.
+takes it whole in the same rewrite (or, under a permute, the slice, dynamic slice or
+all-reduce: simplify_transposes.transpose_into_permute), so no transpose is left under
+the collective.
 
 A transposed dot is taken in every pass (as the swapped dot was before); the
 other rules join once the rest settled (`late`): moving transposes into slices,

@@ -11,7 +11,9 @@ values between ranks, toward the outputs as everywhere in the normal form.
 
 Each an identity of data movement for every input on every rank;
 tests/test_simplify_moves.py checks each numerically on several ranks and where it
-must not fire. No rule moves a layout op into a permute, so none undoes another.
+must not fire. A transpose enters a permute only with the op under it, in the same
+rewrite (simplify_layouts.py, simplify_transposes.transpose_into_permute), so none is
+left right under a permute and no rule undoes another.
 """
 from __future__ import annotations
 
