@@ -91,6 +91,7 @@ from dlverify.simplify_reciprocals import scaled_reciprocal
 from dlverify.simplify_reshapes import _ReshapeRules
 from dlverify.simplify_sink import _SinkRules
 from dlverify.simplify_transposes import transpose_forms
+from dlverify.diagonal_sums import diagonal_sum
 from dlverify.unit_layouts import dot_roles, lone_units_batched
 from dlverify.unit_placement import unit_reduction_as_reshape
 
@@ -372,7 +373,7 @@ class _Simplifier(_MoveRules, _SinkRules, _LayoutRules, _ReshapeRules):
                     or self.unit_dims_into_dot(op) or self.unit_dims_batched(op)
                     or lone_units_batched(self, op)
                     or self.unit_dims_into_broadcast(op) or self.layouts(op)
-                    or transpose_forms(self, op)
+                    or transpose_forms(self, op) or diagonal_sum(self, op)
                     or self.transpose_into_all_reduce(op) or reshaped_all_reduce(self, op)
                     or op.kind == "all_reduce" and len(op.inputs) == 1
                     and self.all_reduce(op, through_transpose=False)
