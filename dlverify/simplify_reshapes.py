@@ -3,6 +3,14 @@ form of dlverify/simplify.py, whose `_Simplifier` runs these rules in its pass):
 
 * sink_reshape: an elementwise op of reshapes of tensors of one shape (and
   splats) is the reshape of the op on that shape;
+* reciprocal_of_moved: `x * M(1 / y)` is `x / M(y)` for a chain M of reshapes,
+  transposes and broadcasts (each output element one input element, so M
+  commutes with an elementwise 1/y): the reciprocal rule of dlverify/simplify.py
+  (`x * (1/y)` is `x / y`) then meets the product whether the reshape sank past
+  the reciprocal first or not. XLA fuses a silu's sigmoid and the product that
+  reads it apart, on [b, s, f] after the split's size-1 dim is deleted; the
+  program's sigmoid keeps that dim once the reshape sank, and `x * reshape(1/y)`
+  never met `x / reshape(y)`;
 * sink_dot_reshape: a dot of a reshape that only regroups an operand's free
   dims is a reshape of the dot of a reshape keeping them (XLA flattens
   [b, s, h, d] to [b*s, h*d] around a matmul; the program merges h*d only);
@@ -21,6 +29,11 @@ from dlverify.ir import Op
 from dlverify.ops.table import KINDS, Family
 from dlverify.simplify_forms import _merge_groups
 from dlverify.simplify_merged import refinement
+
+
+# data movement a reciprocal is looked for under (reciprocal_of_moved), and how deep
+_MOVES = ("reshape", "transpose", "broadcast_in_dim")
+_MOVES_DEPTH = 4
 
 
 def _sized(shape: tuple[int, ...], run: list[int]) -> list[int]:
@@ -51,6 +64,8 @@ class _ReshapeRules:
         then collapse."""
         if KINDS[op.kind].family is not Family.ELEMENTWISE or not op.inputs:
             return False
+        if self.reciprocal_of_moved(op):
+            return True
         src_shape, ins = None, []
         for t in op.inputs:
             r = self.producer.get(t)
@@ -76,6 +91,37 @@ class _ReshapeRules:
         inner = self.new_op(op.kind, ins, src_shape, dtype, op.params, op)
         self.new_op("reshape", [inner], self.shape(op.output), dtype, {}, op, output=op.output)
         return True
+
+    def reciprocal_of_moved(self, op: Op) -> bool:
+        """`x * M(1 / y)` is `x / M(y)`, M a chain of data movement (reshape, transpose,
+        broadcast_in_dim; a few ops) with at least one reshape or transpose (a lone
+        broadcast is simplify.py's `reciprocal`): M places each element of its operand,
+        so it commutes with the elementwise reciprocal."""
+        if op.kind != "mul" or len(op.inputs) != 2:
+            return False
+        for pos in (0, 1):
+            chain, t = [], op.inputs[pos]
+            while len(chain) < _MOVES_DEPTH:
+                m = self.producer.get(t)
+                if m is None or m.kind not in _MOVES or len(m.inputs) != 1:
+                    break
+                chain.append(m)
+                t = m.inputs[0]
+            r = self.producer.get(t)
+            if not any(m.kind != "broadcast_in_dim" for m in chain) or r is None \
+                    or r.kind != "div" or self.splat(r.inputs[0]) != 1.0 \
+                    or self.shape(r.inputs[0]) != self.shape(r.inputs[1]):
+                continue
+            x, y = op.inputs[1 - pos], r.inputs[1]
+            dtype = self.g.tensors[op.output].dtype
+            if self.shape(x) != self.shape(op.output) or self.g.tensors[y].dtype != dtype \
+                    or self.g.tensors[x].dtype != dtype:
+                continue
+            for m in reversed(chain):      # M applied to y: the same ops, innermost first
+                y = self.new_op(m.kind, [y], self.shape(m.output), dtype, m.params, m)
+            self.new_op("div", [x, y], self.shape(op.output), dtype, {}, op, output=op.output)
+            return True
+        return False
 
     def sink_dot_reshape(self, op: Op) -> bool:
         """A dot (operands in the standard order) of a reshape that regroups the
