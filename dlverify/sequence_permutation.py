@@ -218,6 +218,21 @@ class _Builder:
             return pieces[0]
         return self.b.op("concatenate", pieces, shape, dtype, {"dimension": dim}, like.loc, like.name)
 
+    def permute_iota(self, op: Op, perm: tuple[int, ...]) -> int:
+        """An iota permuted along the dim it counts along, d: the permuted 1-D iota of
+        that dim's length, broadcast along d (iota(shape, d) is that broadcast, and a
+        broadcast moves its operand's dim to d). The form a program that broadcasts
+        its positions has, whose 1-D positions the distributed program permutes too;
+        an optimiser builds the multi-dim iota directly (a causal mask's)."""
+        shape, dtype = self.g.tensors[op.output].shape, self.g.tensors[op.output].dtype
+        d = op.params["dimension"]
+        line = self.b.op("iota", [], (shape[d],), dtype, {"dimension": 0}, op.loc, op.name)
+        line = self.permute(line, 0, perm, op)
+        if len(shape) == 1:
+            return line
+        return self.b.op("broadcast_in_dim", [line], shape, dtype, {"broadcast_dimensions": (d,)},
+                         op.loc, op.name)
+
     def gather(self, t: int, dim: int, perm: tuple[int, ...], like: Op) -> int:
         """take(t, perm, axis=dim) as one gather of constant indices."""
         return take_ops(self.b, self.g.tensors[t], dim, perm, like)
@@ -302,7 +317,7 @@ def _rebuild(problem: Problem, chains: dict[int, Chain], permuted, free: set[int
             t = op.output
             for j, pm in dims:
                 if _varies_along(op, j):
-                    t = b.permute(t, j, pm, op)
+                    t = b.permute_iota(op, pm) if op.kind == "iota" else b.permute(t, j, pm, op)
             env[op.output] = t
             continue
         env[op.output] = b.b.op(op.kind, [env.get(i, i) for i in op.inputs], shape,

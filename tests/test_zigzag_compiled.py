@@ -19,19 +19,25 @@ verified and located at their `# BUG` line.
 # XLA_FLAGS (8 host devices): tests/conftest.py
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
+from conftest import bug_line
 from hlo_pairs import assert_compiled_case_and_twin, assert_pair_verifies, compiled_pair, example_module, \
     verify_texts
 from test_ring_attention import ARGS, _heads, _outputs_unchanged_by_the_rewrite, _reference, _two_blocks, \
     _views_hold
 
 from dlverify.api import verify_jax
+from dlverify.frontends.jax_compiled import dumped_after_optimizations
 from dlverify.frontends.jaxpr import import_jax
 from dlverify.hlo_api import hlo_problem
 from dlverify.interpret import Interpreter
 from dlverify.ir import IdAllocator
+from dlverify.numeric import run_both, value_error
 from dlverify.reorders import canonical, gathered_output_chain, inverse
+from dlverify.rewrites import rewrite
 
 SEQ = """HloModule seq
 
@@ -337,3 +343,47 @@ def test_compiled_zigzag_reordered_by_slices_verifies_and_its_twins_do_not(tmp_p
                                 (paired, [int(i) for i in np.argsort(paired)])):
         case = _sliced(mod, order_in, order_out)
         assert not verify_texts(tmp_path, *compiled_pair(case, dumped=True)).verified
+
+
+# ------------------------------------------------ the sequential module optimised too
+
+def _both_optimised(tmp_path, case):
+    """Both modules as --xla_dump_to writes them after optimisations: XLA builds the
+    sequential causal mask from 2-D iotas, where the program broadcast 1-D positions."""
+    import jax
+    seq = dumped_after_optimizations(jax.jit(case.seq).lower(*case.args))
+    return verify_texts(tmp_path, seq, dumped_after_optimizations(case.dist.lower(*case.args)))
+
+
+def test_an_optimised_sequential_mask_is_permuted_at_its_positions(tmp_path):
+    """The 2-D iotas are permuted as the broadcast of their permuted 1-D iota
+    (sequence_permutation._Builder.permute_iota), the form the distributed module's
+    zigzag positions take; the rewritten module computes what it computed."""
+    mod = example_module("ring_attention_zigzag")
+    res = _both_optimised(tmp_path, mod.ring_zigzag_causal())
+    assert res.verified, [(f.op, f.line, f.message[:200]) for f in res.failures[:2]]
+    assert any(n.startswith("the sequential program was rewritten") for n in res.problem.notes)
+    _views_hold(res)
+    twin = mod.ring_zigzag_bug_local_positions()
+    res = _both_optimised(tmp_path, twin)
+    assert not res.verified
+    assert bug_line(twin.dist) in {fr.line for fr in res.failures[0].frames}
+
+
+def test_the_permuted_iota_form_keeps_the_outputs(tmp_path):
+    import jax
+    case = example_module("ring_attention_zigzag").ring_zigzag_causal()
+    (tmp_path / "s.hlo").write_text(dumped_after_optimizations(jax.jit(case.seq).lower(*case.args)))
+    (tmp_path / "d.hlo").write_text(dumped_after_optimizations(case.dist.lower(*case.args)))
+    problem = hlo_problem(tmp_path / "s.hlo", tmp_path / "d.hlo", None, None, IdAllocator())
+    assert any(op.kind == "iota" and len(problem.seq.tensors[op.output].shape) == 2
+               for op in problem.seq.ops)
+    before = copy.deepcopy(problem)
+    rewrite(problem)
+    assert not any(op.kind == "iota" and len(problem.seq.tensors[op.output].shape) == 2
+                   for op in problem.seq.ops)
+    for seed in (0, 1):   # the outputs are new tensors (the un-permutes appended): by position
+        a, b = run_both(before, seed), run_both(problem, seed)
+        for s, t in zip(before.seq.outputs, problem.seq.outputs):
+            assert value_error(np.asarray(b.seq[t][0], np.float64),
+                               np.asarray(a.seq[s][0], np.float64)) <= 1e-9
