@@ -379,7 +379,7 @@ class _Simplifier(_MoveRules, _SinkRules, _LayoutRules, _ReshapeRules):
                     and self.all_reduce(op, through_transpose=False)
                     or self.reshape_out_of_all_gather(op)
                     or self.transpose_out_of_all_gather(op) or self.literal_dynamic_slice(op)
-                    or self.slice_of_reshape(op)
+                    or self.slice_moves(op)
                     or self.concatenate_of_reshapes(op)
                     or self.free_merge_under_transpose(op)
                     or self.sink_dot_reshape(op) or self.split_contraction(op)

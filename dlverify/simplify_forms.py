@@ -53,6 +53,7 @@ import numpy as np
 
 from dlverify.cse import value_key
 from dlverify.ir import Graph, IdAllocator, Op, Tensor
+from dlverify.ops import KINDS
 from dlverify.rewrites import _Rewriter
 
 # reductions of a set of elements (not argmax/argmin, which name positions)
@@ -140,10 +141,11 @@ class _FormRules(_Rewriter):
         self.assumptions = assumptions if assumptions is not None else []
 
     def splat(self, t: int) -> float | None:
-        """The one value tensor t holds everywhere, when it is a constant or a
-        broadcast of one."""
+        """The one value tensor t holds everywhere, when it is a constant or ops that
+        only copy their operand's elements (a broadcast, a reshape: `copies_operand0`)
+        of one (a literal passed to an inlined call as a scalar and reshaped there)."""
         op = self.producer.get(t)
-        if op is not None and op.kind == "broadcast_in_dim":
+        while op is not None and KINDS[op.kind].copies_operand0 and len(op.inputs) == 1:
             op = self.producer.get(op.inputs[0])
         if op is None or op.kind != "constant" or op.params.get("value") is None:
             return None

@@ -216,12 +216,63 @@ class _SinkRules(_Rewriter):
                     self.g.tensors[op.output].dtype, q, op, output=op.output)
         return True
 
+    def slice_moves(self, op: Op) -> bool:
+        """A slice of a slice is one slice; a slice of a concatenate within one of its
+        operands is a slice of that operand; a slice of a reshape sinks under it
+        (slice_of_reshape): slices go toward the inputs, where the other program's
+        slice of the same value is."""
+        if op.kind != "slice":
+            return False
+        return self.slice_of_slice(op) or self.slice_of_one_piece(op) or self.slice_of_reshape(op)
+
+    def slice_of_one_piece(self, op: Op) -> bool:
+        """A slice of a concatenate that lies within one operand is that operand's
+        slice (rewrites._Rewriter.slice). A slice across pieces stays whole: split, it
+        would be a concatenate of pieces the halo windows of a convolution no longer
+        meet as one block."""
+        cat = self.producer.get(op.inputs[0])
+        if cat is None or cat.kind != "concatenate":
+            return False
+        k = cat.params["dimension"]
+        lo, hi = op.params["start_indices"][k], op.params["limit_indices"][k]
+        off = 0
+        for t in cat.inputs:
+            size = self.shape(t)[k]
+            if off <= lo and hi <= off + size:
+                return self.slice(op)
+            off += size
+        return False
+
+    def slice_of_slice(self, op: Op) -> bool:
+        """slice(slice(x, a, b, s), c, d, t) = slice(x, a + c*s, a + (d - 1)*s + 1, s*t)
+        per dim (the outer one's elements c, c + t, ... of the inner's a, a + s, ...)."""
+        inner = self.producer.get(op.inputs[0])
+        if inner is None or inner.kind != "slice":
+            return False
+        p, q = op.params, inner.params
+        n = len(self.shape(op.output))
+        ps, qs = p.get("strides") or (1,) * n, q.get("strides") or (1,) * n
+        lo, hi, st = [], [], []
+        for j in range(n):
+            a, s = q["start_indices"][j], qs[j]
+            c, d, t = p["start_indices"][j], p["limit_indices"][j], ps[j]
+            count = len(range(c, d, t))
+            lo.append(a + c * s)
+            st.append(s * t)
+            hi.append(lo[-1] + (count - 1) * st[-1] + 1 if count else lo[-1])
+        self.new_op("slice", [inner.inputs[0]], self.shape(op.output), self.g.tensors[op.output].dtype,
+                    {"start_indices": tuple(lo), "limit_indices": tuple(hi), "strides": tuple(st)},
+                    op, output=op.output)
+        return True
+
     def slice_of_reshape(self, op: Op) -> bool:
         """A slice of a reshape that keeps each regrouped run whole (it cuts only dims
         the reshape keeps as they are), or cuts a run's leading dim only at bounds
         that are whole rows of the operand's run (stride 1), is the reshape of a
         slice of the operand: reshapes sink toward the outputs past slices too
-        (XLA splits [8, n] into [2, 4, n] and slices micro-batch i)."""
+        (XLA splits [8, n] into [2, 4, n] and slices micro-batch i). A run that only
+        gains or drops size-1 dims keeps its other dims as they are (a PRNG key's
+        [1, 2] row read as [2], then its first word sliced)."""
         found = self._reshaped(op.inputs[0]) if op.kind == "slice" else None
         if found is None:
             return False
@@ -232,8 +283,15 @@ class _SinkRules(_Rewriter):
         for gs, gt in groups:
             cuts = [j for j in gt if (p["start_indices"][j], p["limit_indices"][j], strides[j])
                    != (0, mid[j], 1)]
+            whole = [d for d in gs if src[d] != 1], [j for j in gt if mid[j] != 1]
             if [src[d] for d in gs] == [mid[d] for d in gt]:
                 for i, j in zip(gs, gt):
+                    lo[i], hi[i], st[i] = p["start_indices"][j], p["limit_indices"][j], strides[j]
+            elif [src[d] for d in whole[0]] == [mid[j] for j in whole[1]] \
+                    and not any(j in cuts for j in gt if mid[j] == 1):
+                # the run only gains or loses size-1 dims ([1, n] -> [n]): its other dims
+                # are cut as they are, the operand's size-1 dims kept whole
+                for i, j in zip(*whole):
                     lo[i], hi[i], st[i] = p["start_indices"][j], p["limit_indices"][j], strides[j]
             elif cuts:
                 # a row-major run: rows [a, b) of its leading dim are elements
