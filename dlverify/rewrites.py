@@ -522,6 +522,7 @@ def rewrite(problem: Problem) -> None:
     from dlverify.passes import share_nullary
     from dlverify.rounded_reciprocal import match_rounded_reciprocals
     from dlverify.sequence_permutation import permute_sequence
+    from dlverify.reshape_tidy import tidy_reshapes
     from dlverify.resharding import rewrite_reshardings
     from dlverify.simplify import simplify_graph
     from dlverify.simplify_int import fold_int_expansions
@@ -569,6 +570,9 @@ def rewrite(problem: Problem) -> None:
             simplify_graph(g, problem.ids, problem.assumptions, problem.notes,
                            partner=problem.seq if g is problem.dist else None, merge_sums=False)
         if unit_layouts_as_sequential(problem.seq, problem.dist, problem.ids):
+            _drop_newly_dead(problem.dist, unused[1])
+        # (the reshapes back those passes wrote, collapsed and sunk as the normal form would)
+        if tidy_reshapes(problem.dist, problem.ids):
             _drop_newly_dead(problem.dist, unused[1])
         # (again: a compiled psum(a + b) may read the add through a reshape the normal
         # form sank out of it)

@@ -43,7 +43,8 @@ is about the same functions:
   free dims in their own order, so the result is the same) by a transpose,
   composed with the transpose that produced it: `dot(x, k)` contracting k's
   dim 1 and `dot(x, transpose(k))` contracting its dim 0 meet as the latter,
-  and a transpose into a dot that only undid the operand's order vanishes.
+  and a transpose into a dot that only undid the operand's order vanishes
+  (the contracted pairs listed in one order first: dlverify/contraction_order.py).
 
 More rules are in dlverify/simplify_forms.py: values computed twice (also
 with a commutative op's operands swapped) computed once, size-1 dims deleted
@@ -78,6 +79,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from dlverify.contraction_order import contracted_pairs_in_source_order
 from dlverify.dot_orientation import PartnerLayouts
 from dlverify.ir import FoldedOp, Graph, IdAllocator, Op
 from dlverify.rewrites import _drop_newly_dead, _unused
@@ -369,6 +371,7 @@ class _Simplifier(_MoveRules, _SinkRules, _LayoutRules, _ReshapeRules):
                     or self.literal_product(op)
                     or self.exact_scaling(op) or self.mask_product(op)
                     or self.negative_power(op)
+                    or contracted_pairs_in_source_order(self, op)
                     or self.dot_layout(op) or self.sink_reshape(op)
                     or self.unit_dims_into_dot(op) or self.unit_dims_batched(op)
                     or lone_units_batched(self, op)
