@@ -156,21 +156,26 @@ def test_top_k_over_a_split_axis_has_no_view():
     assert out.views(ks, kd) == [] and not out.result.verified
 
 
-def test_a_scan_along_a_split_axis_has_no_view_and_cumsum_keeps_partial_terms():
+def _scans_of_split_and_partial(kind):
+    """`kind` along a split axis (seq ys, dist yd), and along a whole axis of a
+    partial sum over the batch dim, all-reduced after the scan (cs, cd): run."""
     t = Tiny()
     xs, xd = t.input((4, 6), (None, "x"))
-    ys = t.sop("cumsum", [xs], (4, 6), axis=1, reverse=False)
-    yd = t.dop("cumsum", [xd], (4, 3), axis=1, reverse=False)
-    # a partial sum along the batch dim, then a cumsum along the other (whole) dim
+    ys = t.sop(kind, [xs], (4, 6), axis=1, reverse=False)
+    yd = t.dop(kind, [xd], (4, 3), axis=1, reverse=False)
     ws, wd = t.input((6, 5), ("x", None))
     ps = t.sop("dot_general", [xs, ws], (4, 5), **DOT)
     pd = t.dop("dot_general", [xd, wd], (4, 5), **DOT)
-    cs = t.sop("cumsum", [ps], (4, 5), axis=1, reverse=False)
-    cd = t.dop("cumsum", [pd], (4, 5), axis=1, reverse=False)
+    cs = t.sop(kind, [ps], (4, 5), axis=1, reverse=False)
+    cd = t.dop(kind, [pd], (4, 5), axis=1, reverse=False)
     rd = t.dop("all_reduce", [cd], (4, 5), reducer="sum", groups=[[0, 1]])
     t.output(cs, rd)
-    out = t.run()
-    assert out.views(ys, yd) == []
+    return t, t.run(), (ys, yd), (cs, cd)
+
+
+def test_a_scan_along_a_split_axis_has_no_view_and_cumsum_keeps_partial_terms():
+    t, out, split, (cs, cd) = _scans_of_split_and_partial("cumsum")
+    assert out.views(*split) == []
     assert {v.partial.op for v in out.views(cs, cd, 0)} == {t.seq.ops[-2].id}
     assert out.result.verified
 
@@ -178,17 +183,6 @@ def test_a_scan_along_a_split_axis_has_no_view_and_cumsum_keeps_partial_terms():
 def test_cumlogsumexp_along_a_split_axis_or_of_partial_terms_has_no_view():
     """log-sum-exp is not linear: a rank's prefix along its own block of the axis is
     not a block of the sequential prefix, and a partial sum's terms do not pass."""
-    t = Tiny()
-    xs, xd = t.input((4, 6), (None, "x"))
-    ys = t.sop("cumlogsumexp", [xs], (4, 6), axis=1, reverse=False)
-    yd = t.dop("cumlogsumexp", [xd], (4, 3), axis=1, reverse=False)
-    ws, wd = t.input((6, 5), ("x", None))
-    ps = t.sop("dot_general", [xs, ws], (4, 5), **DOT)
-    pd = t.dop("dot_general", [xd, wd], (4, 5), **DOT)
-    cs = t.sop("cumlogsumexp", [ps], (4, 5), axis=1, reverse=False)
-    cd = t.dop("cumlogsumexp", [pd], (4, 5), axis=1, reverse=False)
-    rd = t.dop("all_reduce", [cd], (4, 5), reducer="sum", groups=[[0, 1]])
-    t.output(cs, rd)
-    out = t.run()
-    assert out.views(ys, yd) == [] and out.views(cs, cd) == []
+    _, out, split, partial = _scans_of_split_and_partial("cumlogsumexp")
+    assert out.views(*split) == [] and out.views(*partial) == []
     assert not out.result.verified
