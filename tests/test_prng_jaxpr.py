@@ -118,6 +118,9 @@ PROGRAMS = {
     "batched_generators": (_batched_generators, (KEY, X)),
     "control_flow": (_keys_through_control_flow, (KEY, X)),
     "control_flow_other_branch": (_keys_through_control_flow, (KEY, -X)),
+    # the rbg implementations: four-word keys (u32[..., 4]), other generators
+    "rbg_typed_key_argument": (_typed_key_argument, (jax.random.key(3, impl="rbg"), X)),
+    "unsafe_rbg_key_array_layout": (_key_array_layout, (jax.random.key(3, impl="unsafe_rbg"), X)),
 }
 
 
