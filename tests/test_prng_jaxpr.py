@@ -74,10 +74,10 @@ def _closed_over_key(x):
 
 
 def _key_array_layout(key, x):
-    """Split into a [2,3] array of keys, then transpose, broadcast, slice, pick
-    with select_n and dynamic_slice, each on key arrays, before drawing."""
+    """Split into a [2,3] array of keys, then transpose, reverse, broadcast, slice,
+    pick with select_n and dynamic_slice, each on key arrays, before drawing."""
     keys = jax.random.split(key, (2, 3))
-    t = jnp.transpose(keys)                                          # [3, 2]
+    t = jnp.flip(jnp.transpose(keys), 0)                             # [3, 2]
     wide = jnp.broadcast_to(t[None], (2, 3, 2))
     picked = jnp.where(x[0, 0] > 0, wide[0], wide[1])                # select_n on keys
     row = jax.lax.dynamic_slice_in_dim(picked, 1, 1, axis=0)[0]      # [2]

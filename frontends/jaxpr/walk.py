@@ -138,7 +138,7 @@ EXPORTERS: dict[str, Exporter] = {}
 # exporter is right on key data as it is (the trailing key dims follow the output
 # shape; control flow walks its bodies, whose key vars are key data too).
 KEY_EXPORTERS: dict[str, Exporter] = {}
-KEY_AGNOSTIC = frozenset({"reshape", "squeeze", "expand_dims", "concatenate", "copy", "copy_p",
+KEY_AGNOSTIC = frozenset({"reshape", "squeeze", "expand_dims", "concatenate", "rev", "copy", "copy_p",
                           "pvary", "optimization_barrier", "stop_gradient", "jit", "pjit",
                           "closed_call", "scan", "while", "cond"})
 
@@ -223,7 +223,12 @@ def walk(ctx: Ctx, jaxpr: Any, in_ids: list[int]) -> list[int]:
 
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
-        ex = _exporter_for(eqn)
+        try:
+            ex = _exporter_for(eqn)
+        except InputError as e:   # (a primitive of library code: at the user's call)
+            if not e.file:
+                e.file, e.line = ctx.fallback.file, ctx.fallback.line
+            raise
         if ex is None:
             if name == "shard_map":
                 raise InputError("nested shard_map is not supported", *_where(eqn))
