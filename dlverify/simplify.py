@@ -95,7 +95,7 @@ from dlverify.simplify_sink import _SinkRules
 from dlverify.simplify_transposes import transpose_forms
 from dlverify.diagonal_sums import diagonal_sum
 from dlverify.unit_layouts import dot_roles, lone_units_batched
-from dlverify.unit_placement import unit_reduction_as_reshape
+from dlverify.unit_placement import unit_move_under_transpose, unit_reduction_as_reshape
 
 # op kind -> (neutral value, operand positions it may take)
 _NEUTRAL: dict[str, tuple[float, tuple[int, ...]]] = {
@@ -365,7 +365,7 @@ class _Simplifier(_MoveRules, _SinkRules, _LayoutRules, _ReshapeRules):
         for op in self.g.ops:
             op.inputs = [self.alias.get(i, i) for i in op.inputs]
             if (self.neutral(op) or self.literal_difference(op) or self.layout(op)
-                    or unit_reduction_as_reshape(self, op)
+                    or unit_reduction_as_reshape(self, op) or unit_move_under_transpose(self, op)
                     or self.iota_1d(op) or self.reciprocal(op)
                     or scaled_reciprocal(self, op)
                     or self.literal_product(op)

@@ -74,6 +74,7 @@ import numpy as np
 
 from dlverify.ir import CHAIN_DEPTH, Graph, IdAllocator, Op
 from dlverify.simplify_forms import _FormRules
+from dlverify.unit_insertion import units_inserted   # (unit_placement.py, unit_insertion.py)
 from dlverify.unit_placement import (canonical_units, deleted_units_transposed, free_units_placed,
                                      merged_dims_split, transposed_operands, transposed_reshapes,
                                      units_placed_as_operand, units_placed_as_operands)
@@ -152,7 +153,7 @@ def lone_units_batched(s: "_Simplifier", op: Op) -> bool:
     ranks = [len(s.shape(t)) for t in op.inputs]
     units = _lone_units(p, [s.shape(t) for t in op.inputs])
     if not any(units):
-        return merged_dims_split(s, op, partner)    # (unit_placement.py)
+        return merged_dims_split(s, op, partner) or units_inserted(s, op, partner)
     if _roles(p, *ranks) in partner:
         return False
     side = 0 if units[0] else 1

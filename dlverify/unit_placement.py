@@ -51,6 +51,12 @@ form for the distributed one, which is ambiguous when the sequential program hol
   group dim g, then negates it; the rank's module has no g to sum over and negates the
   term itself.
 
+* `unit_move_under_transpose` (both graphs, in the normal form's pass): a transpose of
+  a reshape that moves size-1 dims only, as many as its operand has, is one transpose of
+  the operand, which then meets the elementwise ops and the dot under it. XLA's scores of
+  one query head per rank, k q^T [b, g, s_k, j, s_q], reach the program's layout
+  [b, g, j, s_q, s_k] by such a pair (dlverify/unit_insertion.py inserts g and j).
+
 * `units_placed_as_operand` (the sequential graph, after the normal form, and the
   distributed one where that lets a dot fit a sequential dot it did not): a dot
   operand reshape(y) that merges y's sized dims and keeps its size-1 dims, all free
@@ -480,6 +486,31 @@ def units_placed_as_operands(g: Graph, ids: IdAllocator) -> bool:
     return _PlacedOperands(g, ids).run()
 
 
+def unit_move_under_transpose(rw, op: Op) -> bool:
+    """transpose(reshape(y), P) where the reshape moves y's size-1 dims only (as many of
+    them, y's sized dims in their order) is transpose(y, Q o P), Q the permutation that
+    moves y's size-1 dims where the reshape puts them: one transpose, which then meets
+    the elementwise ops and the dot under it (simplify_layouts.transposed_dot). XLA
+    scales a rank's scores k q^T as [b, g, s_k, j, s_q], moves j to [b, g, j, s_k, s_q]
+    by a reshape and transposes to the program's [b, g, j, s_q, s_k] for the masked
+    softmax. `rw` the normal form's rewriter (either graph)."""
+    if op.kind != "transpose":
+        return False
+    r = rw.producer.get(op.inputs[0])
+    if r is None or r.kind != "reshape":
+        return False
+    y = r.inputs[0]
+    ys, mid = rw.shape(y), rw.shape(r.output)
+    if len(ys) != len(mid) or ys == mid or [n for n in ys if n != 1] != [n for n in mid if n != 1]:
+        return False
+    sized, units = iter(_sized(ys)), iter(d for d, n in enumerate(ys) if n == 1)
+    q = [next(units) if n == 1 else next(sized) for n in mid]   # mid's dim i is y's q[i]
+    perm = tuple(q[d] for d in op.params["permutation"])
+    rw.new_op("transpose", [y], rw.shape(op.output), rw.g.tensors[op.output].dtype,
+              {"permutation": perm}, op, output=op.output)
+    return True
+
+
 def _one_dot(*sizes):
     """A PartnerDots holding one sequential dot's sizes (for _fits)."""
     from dlverify.unit_layouts import PartnerDots
@@ -491,5 +522,5 @@ def _one_dot(*sizes):
 
 __all__ = ["canonical_form", "canonical_units", "deleted_units_transposed", "free_units_placed",
            "merged_dims_split", "transposed_operands", "transposed_reshapes",
-           "unit_order", "unit_reduction_as_reshape", "units_placed_as_operand",
+           "unit_move_under_transpose", "unit_order", "unit_reduction_as_reshape", "units_placed_as_operand",
            "units_placed_as_operands"]

@@ -159,3 +159,36 @@ def test_the_distributed_dot_moves_its_size_1_dims_only_to_fit_the_programs(g, m
     if moved:
         (seq_dot,) = _dots(seq)
         assert seq.tensors[seq_dot.inputs[0]].shape == (2, 1, 3, 8)
+
+
+# ------------------------------------------------------------------ a unit move under a transpose
+
+def _scaled_scores_moved(b, kq):
+    """XLA's scores k q^T [b, g, s_k, j, s_q], the size-1 j moved by a reshape to
+    [b, g, j, s_k, s_q] and transposed to the program's [b, g, j, s_q, s_k]."""
+    r = b.op("reshape", [kq], (2, 1, 1, 3, 4), F32)
+    return b.op("transpose", [r], (2, 1, 1, 4, 3), F32, {"permutation": (0, 1, 2, 4, 3)})
+
+
+def test_a_unit_move_under_a_transpose_is_one_transpose():
+    shapes = [(2, 1, 3, 1, 4)]
+    g, ids = _graph(_scaled_scores_moved, shapes)
+    before = copy.deepcopy(g)
+    assert simplify_graph(g, ids)
+    _same_values(before, g, shapes)
+    assert [(op.kind, op.params["permutation"]) for op in g.ops] == [("transpose", (0, 1, 3, 4, 2))]
+    assert not simplify_graph(g, ids)                                   # a fixpoint
+
+
+def test_a_transpose_of_a_regrouping_reshape_stays():
+    # the rule's twins: a reshape that merges sized dims, or inserts a size-1 dim (of
+    # another rank: no permutation of y), is no unit move
+    g, ids = _graph(lambda b, y: b.op("transpose", [b.op("reshape", [y], (2, 12), F32)],
+                                      (12, 2), F32, {"permutation": (1, 0)}), [(2, 3, 4)])
+    simplify_graph(g, ids)
+    assert [op.kind for op in g.ops] == ["reshape", "transpose"]
+    g, ids = _graph(lambda b, y: b.op("transpose", [b.op("reshape", [y], (2, 1, 3, 4), F32)],
+                                      (2, 1, 4, 3), F32, {"permutation": (0, 1, 3, 2)}),
+                    [(2, 3, 4)])
+    simplify_graph(g, ids)
+    assert "reshape" in {op.kind for op in g.ops}
