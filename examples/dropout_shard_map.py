@@ -12,6 +12,12 @@ Twins: the output mask drawn from a key folded with the rank (each rank drops
 other units of the replicated output, as Megatron's model-parallel RNG tracker
 does for regions that are split, not replicated), and the hidden mask drawn at
 the local shape (every rank the same first block of columns).
+
+Data parallel: one key per example (noise added to the inputs), the batch split
+over 'dp' (DP=4). Each rank splits the shared key into the whole batch's keys and
+takes its block; drawn key by key, each rank's noise is its rows of the
+sequential noise. Twin: each rank splits the key into its local batch's keys, so
+every rank draws the same noise (correlated ranks).
 """
 import jax
 import jax.numpy as jnp
@@ -96,3 +102,47 @@ def dropout_shard_map_bug_out_mask_per_rank():
 def dropout_shard_map_bug_local_hidden_mask():
     return dlverify.Case(seq=mlp, dist=_tp(mlp_tp_local_hidden_mask), args=_args(), expect="bug",
                          description="the hidden mask drawn at the local shape on every rank")
+
+
+# ---------------------------------------------------------------- data parallel
+
+DP, NB = 4, 16
+
+
+def noisy(key, x):
+    keys = jax.random.split(key, x.shape[0])
+    return x + 0.1 * jax.vmap(lambda k: jax.random.normal(k, x.shape[1:]))(keys)
+
+
+def noisy_dp(key, x):
+    rows = x.shape[0]
+    keys = jax.random.split(key, rows * DP)
+    mine = jax.lax.dynamic_slice_in_dim(keys, jax.lax.axis_index("dp") * rows, rows)
+    return x + 0.1 * jax.vmap(lambda k: jax.random.normal(k, x.shape[1:]))(mine)
+
+
+def noisy_dp_same_keys(key, x):
+    keys = jax.random.split(key, x.shape[0])  # BUG: the local batch's keys: every rank the same noise
+    return x + 0.1 * jax.vmap(lambda k: jax.random.normal(k, x.shape[1:]))(keys)
+
+
+def _dp(fn):
+    mesh = dlverify.host_mesh((DP,), ("dp",))
+    return jax.shard_map(fn, mesh=mesh, in_specs=(P(), P("dp")), out_specs=P("dp"))
+
+
+def _dp_args():
+    return (jax.ShapeDtypeStruct((), jax.random.key(0).dtype),
+            jax.ShapeDtypeStruct((NB, D), jnp.float32))
+
+
+@dlverify.case
+def noise_per_example_dp():
+    return dlverify.Case(seq=noisy, dist=_dp(noisy_dp), args=_dp_args(), expect="verified",
+                         description="one key per example; each rank takes its block of the keys")
+
+
+@dlverify.case
+def noise_per_example_dp_bug_same_keys():
+    return dlverify.Case(seq=noisy, dist=_dp(noisy_dp_same_keys), args=_dp_args(), expect="bug",
+                         description="each rank splits the key for its local batch: the same noise")

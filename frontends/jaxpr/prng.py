@@ -61,36 +61,63 @@ def _generator(key_aval: Any, **params: Any) -> dict:
             **params}
 
 
+# At most this many keys of a batch are drawn from one by one (below); a larger batch
+# stays one op, related only as a whole.
+MAX_PER_KEY = 64
+
+
+def _generate(ctx: Ctx, eqn: Any, ins: list[int], kind: str, params: dict) -> list[int]:
+    """`kind` over a batch of keys (the operands' leading dims, the key array's) as one
+    op per key: each key's slice drawn from alone, the results concatenated. Equal by
+    the primitives' definition (each maps every key of a batch alone), and what lets a
+    rank's block of keys relate: its keys are some of the sequential program's, and
+    a whole function relates only whole values (datalog/whole_fn.dl)."""
+    shape, dtype = _out(eqn)
+    loc = _loc(eqn)
+    batch = tuple(int(n) for n in eqn.invars[0].aval.shape)
+    count = int(np.prod(batch)) if batch else 1
+    g = ctx.b.graph
+    if not batch or count > MAX_PER_KEY or any(g.tensors[t].shape[:len(batch)] != batch for t in ins):
+        return [ctx.b.op(kind, ins, shape, dtype, params, loc, kind)]
+    k, tail = len(batch), shape[len(batch):]
+    pieces = []
+    for idx in np.ndindex(*batch):
+        args = []
+        for t in ins:
+            ten = g.tensors[t]
+            rest = ten.shape[k:]
+            cut = ctx.b.op("slice", [t], (1,) * k + rest, ten.dtype, {
+                "start_indices": tuple(idx) + (0,) * len(rest),
+                "limit_indices": tuple(i + 1 for i in idx) + rest, "strides": None}, loc, kind)
+            args.append(ctx.b.op("reshape", [cut], rest, ten.dtype, {}, loc, kind))
+        one = ctx.b.op(kind, args, tail, dtype, params, loc, kind)
+        pieces.append(ctx.b.op("reshape", [one], (1,) + tail, dtype, {}, loc, kind))
+    flat = pieces[0] if count == 1 else ctx.b.op(
+        "concatenate", pieces, (count,) + tail, dtype, {"dimension": 0}, loc, kind)
+    return [ctx.b.op("reshape", [flat], shape, dtype, {}, loc, kind)]
+
+
 @_key_exporter("random_bits")
 def _bits(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
-    shape, dtype = _out(eqn)
-    k = eqn.invars[0].aval
-    params = _generator(k, bit_width=int(eqn.params["bit_width"]),
+    params = _generator(eqn.invars[0].aval, bit_width=int(eqn.params["bit_width"]),
                         shape=tuple(int(s) for s in eqn.params["shape"]))
-    return [ctx.b.op("random_bits", ins, shape, dtype, params, _loc(eqn), "random_bits")]
+    return _generate(ctx, eqn, ins, "random_bits", params)
 
 
 @_key_exporter("random_split")
 def _split(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
-    shape, dtype = _out(eqn)
-    k = eqn.invars[0].aval
-    params = _generator(k, shape=tuple(int(s) for s in eqn.params["shape"]))
-    return [ctx.b.op("random_split", ins, shape, dtype, params, _loc(eqn), "random_split")]
+    params = _generator(eqn.invars[0].aval, shape=tuple(int(s) for s in eqn.params["shape"]))
+    return _generate(ctx, eqn, ins, "random_split", params)
 
 
 @_key_exporter("random_fold_in")
 def _fold_in(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
-    shape, dtype = _out(eqn)
-    k = eqn.invars[0].aval
-    params = _generator(k)
-    return [ctx.b.op("random_fold_in", ins, shape, dtype, params, _loc(eqn), "random_fold_in")]
+    return _generate(ctx, eqn, ins, "random_fold_in", _generator(eqn.invars[0].aval))
 
 
 @_key_exporter("random_seed")
 def _seed(ctx: Ctx, eqn: Any, ins: list[int]) -> list[int]:
-    shape, dtype = _out(eqn)
-    return [ctx.b.op("random_seed", ins, shape, dtype, {"impl": _impl_name(eqn.params["impl"])},
-                     _loc(eqn), "random_seed")]
+    return _generate(ctx, eqn, ins, "random_seed", {"impl": _impl_name(eqn.params["impl"])})
 
 
 # ------------------------------------------------------------- layout on key arrays
