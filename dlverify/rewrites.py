@@ -522,6 +522,7 @@ def rewrite(problem: Problem) -> None:
     from dlverify.passes import share_nullary
     from dlverify.rounded_reciprocal import match_rounded_reciprocals
     from dlverify.sequence_permutation import permute_sequence
+    from dlverify.blocked_scan import block_scans
     from dlverify.reshape_tidy import tidy_reshapes
     from dlverify.resharding import rewrite_reshardings
     from dlverify.simplify import simplify_graph
@@ -542,6 +543,8 @@ def rewrite(problem: Problem) -> None:
     if permute_sequence(problem):   # before the gathers it writes are matched
         _drop_newly_dead(problem.seq, unused[0])
         _drop_newly_dead(problem.dist, unused[1])
+    if block_scans(problem):   # a cumsum along a dim the ranks scan in blocks (SP)
+        _drop_newly_dead(problem.seq, unused[0])
     for g, before in zip((problem.seq, problem.dist), unused):   # size-1 offset dims batched
         if batch_unit_offset_dims(g, problem.ids):
             _drop_newly_dead(g, before)
