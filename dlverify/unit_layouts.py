@@ -73,8 +73,9 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from dlverify.ir import CHAIN_DEPTH, Graph, IdAllocator, Op
+from dlverify.ops.table import KINDS, Family
 from dlverify.simplify_forms import _FormRules
-from dlverify.unit_insertion import units_inserted   # (unit_placement.py, unit_insertion.py)
+from dlverify.unit_insertion import units_inserted
 from dlverify.unit_placement import (canonical_units, deleted_units_transposed, free_units_placed,
                                      merged_dims_split, transposed_operands, transposed_reshapes,
                                      units_placed_as_operand, units_placed_as_operands)
@@ -259,15 +260,26 @@ def _with_role(p: dict, pair: tuple[int, int], role: str) -> dict:
 MAX_UNIT_PAIRS = 4   # (two roles each: the 2**n choices are enumerated)
 
 
+HEAD_DEPTH = 12   # ops followed back from a dot operand to the head-batched dot it derives from
+
+
 def _from_unit_batch(s: "_Simplifier", t: int) -> bool:
-    """Whether t is, through reshapes and transposes, a dot batching over a size-1 dim."""
-    for _ in range(CHAIN_DEPTH + 1):
+    """Whether t is, through reshapes, transposes and elementwise ops of values of its shape
+    (the softmax of the rank's scores), a dot batching over a size-1 dim."""
+    todo, seen = [t], set()
+    while todo and len(seen) <= HEAD_DEPTH:
+        t = todo.pop()
+        if t in seen:
+            continue
+        seen.add(t)
         op = s.producer.get(t)
         if op is not None and op.kind == "dot_general":
-            return 1 in s.shape(op.output)[:len(op.params["lhs_batch"])]
-        if op is None or op.kind not in ("reshape", "transpose"):
-            return False
-        t = op.inputs[0]
+            if 1 in s.shape(op.output)[:len(op.params["lhs_batch"])]:
+                return True
+        elif op is not None and op.kind in ("reshape", "transpose"):
+            todo.append(op.inputs[0])
+        elif op is not None and op.inputs and KINDS[op.kind].family is Family.ELEMENTWISE:
+            todo.extend(x for x in op.inputs if s.shape(x) == s.shape(t))
     return False
 
 
@@ -296,8 +308,9 @@ def unit_pairs_as_sequential(s: "_Simplifier", op: Op) -> bool:
     pairs: list[tuple[tuple[int, int], tuple[str, ...]]] = []   # (pair, roles it may take)
     free = [[d for d, n in enumerate(shape) if n == 1 and d not in p[f"{key}_batch"]
              and d not in p[f"{key}_contract"]] for shape, key in zip(shapes, ("lhs", "rhs"))]
-    # contracted only beside a head: an operand a dot batched over a size-1 dim (the
-    # attention output, batched over the rank's one head); a micro-batch's size-1 dim,
+    # contracted only beside a head: an operand derived from a dot batched over a size-1
+    # dim (the attention output, batched over the rank's one head, or the probabilities
+    # of its scores); a micro-batch's size-1 dim,
     # a free dim of the dots it went through, stays batched (simplify_accumulate.py sums
     # the micro-batches' dots)
     head = any(_from_unit_batch(s, t) for t in op.inputs)

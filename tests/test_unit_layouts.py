@@ -141,6 +141,25 @@ def test_a_size_1_pair_takes_the_sequential_dots_role(partner_build, partner_sha
     assert not simplify_graph(g, ids, partner=partner)      # a fixpoint
 
 
+def _projection_of_softmax_like(b, p, v, w):
+    """_projection_with_units with an elementwise op between the head-batched dot and the
+    projection (the rank's attention probabilities are exp(...) of its scores)."""
+    o = _dot(b, p, v, (2, 1, 3, 4), (3,), (2,), (0, 1), (0, 1))
+    e = b.op("exp", [o], (2, 1, 3, 4), "float32")
+    return _dot(b, e, w, (2, 1, 3, 1, 5), (3,), (1,))
+
+
+def test_a_size_1_pair_beside_a_value_of_a_head_batched_dot_is_contracted_as_the_program():
+    partner = _partner(_contracted_heads, [(2, 3, 2, 4), (2, 4, 5)])
+    g, ids = _graph(_projection_of_softmax_like, PROJ_SHAPES)
+    before = copy.deepcopy(g)
+    simplify_graph(g, ids, partner=partner)
+    _same_values(before, g, PROJ_SHAPES)
+    dot = _dots(g)[-1]
+    assert (len(dot.params["lhs_batch"]), len(dot.params["lhs_contract"])) == (0, 2)
+    assert not simplify_graph(g, ids, partner=partner)      # a fixpoint
+
+
 def test_a_micro_batch_pair_apart_from_the_contraction_stays_batched():
     # x^T [1 (a micro-batch), d, b] and dh [b, 1, f]: the size-1 pair does not sit next to
     # the contracted b in x^T; the program's weight gradient contracts (micro-batches, b)
