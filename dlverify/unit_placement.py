@@ -398,8 +398,8 @@ def unit_reduction_as_reshape(rw, op: Op) -> bool:
             or op.kind not in _UNIT_REDUCTIONS or len(op.inputs) != 1:
         return False
     x = op.inputs[0]
-    if any(rw.shape(x)[a] != 1 for a in op.params["axes"]):
-        return False
+    if not op.params["axes"] or any(rw.shape(x)[a] != 1 for a in op.params["axes"]):
+        return False   # (a reduction over no axes is left to the reduction-chain rules)
     out = rw.g.tensors[op.output]
     if rw.g.tensors[x].dtype != out.dtype:
         return False

@@ -11,6 +11,9 @@ import pytest
 import jax
 from conftest import EXAMPLES, example_targets
 
+from dlverify.frontends.jaxpr.prng import _key_dtype_impl
+from dlverify.frontends.jaxpr.walk import key_shape
+
 RTOL = ATOL = 1e-4
 BUG_MIN_DIFF = 1e-3
 
@@ -21,6 +24,9 @@ def _materialize(args, seed=0):
     rng = np.random.default_rng(seed)
 
     def one(a):
+        if isinstance(a, jax.ShapeDtypeStruct) and jax.dtypes.issubdtype(a.dtype, jax.dtypes.prng_key):
+            data = rng.integers(0, 2 ** 32, a.shape + key_shape(a.dtype), dtype=np.uint32)
+            return jax.random.wrap_key_data(data, impl=_key_dtype_impl(a))
         if isinstance(a, jax.ShapeDtypeStruct):
             return rng.standard_normal(a.shape).astype(np.float32).astype(a.dtype)
         return a
