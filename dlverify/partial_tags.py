@@ -27,6 +27,9 @@ complete it. The families (datalog/partials.dl, datalog/update.dl):
   leaf; F(k) is the sum over the leaves of their terms k;
 - CAT_BASE + a: `op` is a sequential concatenate whose operands are reductions along
   their axis a with equally many terms; F(k) is the concatenation of their terms k;
+- CAT_MIXED_BASE + sum_j a_j * R^j (R = CAT_MIXED_RADIX): `op` is a sequential concatenate
+  whose operand j is a reduction along its own axis a_j, all with equally many terms;
+  F(k) is the concatenation of their terms k;
 - HELD_BASE + 32*i + a: add `op` whose operand i is the result of the reduction
   along its axis a and whose other operand v is added by the rank holding term 0
   (zeros elsewhere: a bias on rank 0 before the all-reduce); F(0) = R(0) + v,
@@ -62,6 +65,7 @@ MASK_BASE = S.TAG_MASK_BASE
 WINDOW_BASE = S.TAG_WINDOW_BASE
 ACC_BASE = S.TAG_ACC_BASE
 CAT_BASE = S.TAG_CAT_BASE
+CAT_MIXED_BASE, CAT_MIXED_RADIX = S.TAG_CAT_MIXED_BASE, S.TAG_CAT_MIXED_RADIX
 HELD_BASE = S.TAG_HELD_BASE
 MASK2_BASE = S.TAG_MASK2_BASE
 PROD_BASE, PROD_AXES = S.TAG_PROD_BASE, S.TAG_PROD_AXES
@@ -176,6 +180,10 @@ def full_size(seq: Graph, op_id: int, axis: int) -> int | None:
         return None if n_out is None or n_in is None else n_out * n_in
     if HELD_BASE <= axis < GROUP_BASE:   # a reduction plus a held value: the reduction's size
         return _operand_family(seq, op, *divmod(axis - HELD_BASE, PAIR))
+    if axis >= CAT_MIXED_BASE:   # operand 0 along the code's lowest digit: its size
+        first = _reduction_through_reshapes(seq, op.inputs[0]) if op.inputs else None
+        return None if first is None else full_size(
+            seq, first.id, (axis - CAT_MIXED_BASE) % CAT_MIXED_RADIX)
     if axis >= CAT_BASE:   # a concatenation of reductions: its first operand's size
         first = _reduction_through_reshapes(seq, op.inputs[0]) if op.inputs else None
         return None if first is None else full_size(seq, first.id, axis - CAT_BASE)

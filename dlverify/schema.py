@@ -375,6 +375,10 @@ TAG_FLAT_BASE, TAG_ADD_BASE, TAG_MASK_BASE, TAG_WINDOW_BASE, TAG_PAIR = 1000, 20
 TAG_ACC_BASE = 5000
 # TAG_CAT_BASE + a: a concatenation of reductions along their axis a (concat_terms.dl).
 TAG_CAT_BASE = 6000
+# TAG_CAT_MIXED_BASE + sum_j a_j * RADIX^j: a concatenation of reductions with equally many
+# terms, operand j along its own axis a_j < RADIX (concat_terms.dl); codes below
+# TAG_HELD_BASE (up to four operands).
+TAG_CAT_MIXED_BASE, TAG_CAT_MIXED_RADIX = 6100, 4
 # TAG_HELD_BASE + PAIR * i + a: an add whose operand i is the reduction along axis a and
 # whose other operand is held by the rank of term 0 (partials.dl).
 TAG_HELD_BASE = 7000
@@ -408,6 +412,11 @@ TAG_CONSTANTS = (
            "Tag axis base: a tree of adds whose leaves are reductions along one axis."),
     _const("Tag_CatBase", "base:number", TAG_CAT_BASE,
            "Tag axis base: a concatenation of reductions along one axis with equally many terms."),
+    _const("Tag_CatMixedBase", "base:number", TAG_CAT_MIXED_BASE,
+           "Tag axis base: a concatenation of reductions with equally many terms, each "
+           "operand along its own axis, the axes coded in radix Tag_CatMixedRadix."),
+    _const("Tag_CatMixedRadix", "k:number", TAG_CAT_MIXED_RADIX,
+           "A mixed concatenation's operand axes are below k."),
     _const("Tag_HeldBase", "base:number", TAG_HELD_BASE,
            "Tag axis base: the terms of a reduction plus a value held with its term 0."),
     _const("Tag_Mask2Base", "base:number", TAG_MASK2_BASE,
