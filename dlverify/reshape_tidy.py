@@ -29,21 +29,11 @@ _PASSES = 16
 
 
 class _ReshapeTidy(_Simplifier):
-    """One pass in op order of the two rules (see the module docstring)."""
+    """One pass in op order (the normal form's, `_Simplifier.run`) of the two rules (see
+    the module docstring)."""
 
-    def run(self) -> bool:
-        changed = False
-        for op in self.g.ops:
-            op.inputs = [self.alias.get(i, i) for i in op.inputs]
-            if op.kind == "reshape" and self.layout(op) or self.sink_reshape(op):
-                changed = True
-                continue
-            self.out.append(op)
-            self.producer[op.output] = op
-        if changed:
-            self.g.outputs = [self.alias.get(t, t) for t in self.g.outputs]
-            self.g.ops = self.out
-        return changed
+    def rules(self, op: Op) -> bool:
+        return bool(op.kind == "reshape" and self.layout(op) or self.sink_reshape(op))
 
 
 def tidy_reshapes(graph: Graph, ids: IdAllocator) -> bool:

@@ -364,7 +364,19 @@ class _Simplifier(_MoveRules, _SinkRules, _LayoutRules, _ReshapeRules):
         changed = False
         for op in self.g.ops:
             op.inputs = [self.alias.get(i, i) for i in op.inputs]
-            if (self.neutral(op) or self.literal_difference(op) or self.layout(op)
+            if self.rules(op):
+                changed = True
+                continue
+            self.out.append(op)
+            self.producer[op.output] = op
+        if changed:
+            self.g.outputs = [self.alias.get(t, t) for t in self.g.outputs]
+            self.g.ops = self.out
+        return changed
+
+    def rules(self, op: Op) -> bool:
+        """Whether a rule of the normal form replaced `op` (the first that applies)."""
+        return bool(self.neutral(op) or self.literal_difference(op) or self.layout(op)
                     or unit_reduction_as_reshape(self, op) or unit_move_under_transpose(self, op)
                     or self.iota_1d(op) or self.reciprocal(op)
                     or scaled_reciprocal(self, op)
@@ -390,15 +402,7 @@ class _Simplifier(_MoveRules, _SinkRules, _LayoutRules, _ReshapeRules):
                     or (self.merge_sums or op.kind != "add") and accumulate_forms(self, op)
                     or merged_forms(self, op)
                     or self.reduce_of_reshape(op) or self.moves(op)
-                    or self.common_value(op)):
-                changed = True
-                continue
-            self.out.append(op)
-            self.producer[op.output] = op
-        if changed:
-            self.g.outputs = [self.alias.get(t, t) for t in self.g.outputs]
-            self.g.ops = self.out
-        return changed
+                    or self.common_value(op))
 
 
 def simplify_graph(graph: Graph, ids: IdAllocator, assumptions: list[str] | None = None,
