@@ -17,8 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import bug_line
-from test_ring_attention import _views_hold   # (every derived view, checked on a run)
+from test_ring_attention import _views_hold, located_twin, verified_example
 
 from dlverify.blocked_scan import block_scans
 from dlverify.interpret import Interpreter
@@ -145,17 +144,10 @@ TWINS = ["sp_position_ids_bug_restart", "sp_running_sum_bug_own_block"]
 
 @pytest.mark.parametrize("name", CORRECT)
 def test_sp_cumsum_cases_verify(name, example_runs):
-    res = example_runs.run(EXAMPLE, name).result
-    assert res.verified, [(f.op, f.line, f.message) for f in res.failures[:3]]
+    res = verified_example(example_runs, EXAMPLE, name)
     assert any("blocked_scan" in n for n in res.notes), res.notes
-    _views_hold(res)
 
 
 @pytest.mark.parametrize("name", TWINS)
 def test_sp_cumsum_twins_are_located_at_their_bug_line(name, example_runs):
-    run = example_runs.run(EXAMPLE, name)
-    res = run.result
-    assert not res.verified
-    lines = {fr.line for fr in res.failures[0].frames if fr.file == str(EXAMPLE)}
-    assert bug_line(run.case.dist) in lines, [(f.op, f.line, f.message) for f in res.failures[:3]]
-    _views_hold(res)
+    _views_hold(located_twin(example_runs, EXAMPLE, name))

@@ -65,6 +65,26 @@ def _outputs_unchanged_by_the_rewrite(problem):
     return problem
 
 
+def verified_example(example_runs, path, name):
+    """The example case's result, asserted verified with every derived view holding on a
+    run of both programs."""
+    res = example_runs.run(path, name).result
+    assert res.verified, [(f.op, f.line, f.message) for f in res.failures[:3]]
+    _views_hold(res)
+    return res
+
+
+def located_twin(example_runs, path, name):
+    """The buggy twin's result, asserted not verified with its first failure at the
+    twin's `# BUG` line."""
+    run = example_runs.run(path, name)
+    res = run.result
+    assert not res.verified
+    lines = {fr.line for fr in res.failures[0].frames if fr.file == str(path)}
+    assert bug_line(run.case.dist) in lines, [(f.op, f.line, f.message) for f in res.failures[:3]]
+    return res
+
+
 def _views_hold(res):
     run = run_both(res.problem, seed=3)
     for v in res.views:
@@ -264,17 +284,11 @@ def test_a_ring_that_skips_or_repeats_a_block_is_not_verified(name):
 
 @pytest.mark.parametrize("name", CASES)
 def test_ring_attention_cases_verify(name, example_runs):
-    res = example_runs.run(EXAMPLE, name).result
-    assert res.verified, [(f.op, f.line, f.message) for f in res.failures[:3]]
-    _views_hold(res)
+    verified_example(example_runs, EXAMPLE, name)
 
 
 @pytest.mark.parametrize("name", TWINS)
 def test_ring_attention_twins_are_located_at_their_bug_line(name, example_runs):
-    run = example_runs.run(EXAMPLE, name)
-    res = run.result
-    assert not res.verified
-    lines = {fr.line for fr in res.failures[0].frames if fr.file == str(EXAMPLE)}
-    assert bug_line(run.case.dist) in lines, [(f.op, f.line, f.message) for f in res.failures[:3]]
+    res = located_twin(example_runs, EXAMPLE, name)
     if name in MERGE_TWINS:   # the running max is merged, not missing a pmax: no such advice
         assert "pmax" not in res.failures[0].message, res.failures[0].message

@@ -19,8 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import bug_line
-from test_ring_attention import _views_hold   # (every derived view, checked on a run)
+from test_ring_attention import _views_hold, located_twin, verified_example
 from jax.sharding import PartitionSpec as P
 
 import dlverify
@@ -260,19 +259,12 @@ def test_a_reshape_that_merges_a_reordered_dim_leaves_the_program_alone():
 
 @pytest.mark.parametrize("name", CASES)
 def test_zigzag_cases_verify(name, example_runs):
-    res = example_runs.run(EXAMPLE, name).result
-    assert res.verified, [(f.op, f.line, f.message) for f in res.failures[:3]]
-    _views_hold(res)
+    verified_example(example_runs, EXAMPLE, name)
 
 
 @pytest.mark.parametrize("name", TWINS)
 def test_zigzag_twins_are_located_at_their_bug_line(name, example_runs):
-    run = example_runs.run(EXAMPLE, name)
-    res = run.result
-    assert not res.verified
-    lines = {fr.line for fr in res.failures[0].frames if fr.file == str(EXAMPLE)}
-    assert bug_line(run.case.dist) in lines, [(f.op, f.line, f.message) for f in res.failures[:3]]
-    _views_hold(res)
+    _views_hold(located_twin(example_runs, EXAMPLE, name))
 
 
 # ------------------------------------------------------------------ more sequential programs, rewritten or left alone
