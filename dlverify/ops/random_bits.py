@@ -51,10 +51,11 @@ def rng_bit_generator(call: Call) -> np.ndarray:
 # (jax.random.key_impl). Each maps every key of a batch of keys alone, as JAX's
 # primitives do: the batch dims lead, the key's own dims trail.
 
-def _keyed(call: Call, fn, key_rank: int, extra: tuple = ()) -> np.ndarray:
+def _keyed(call: Call, fn, extra: tuple = ()) -> np.ndarray:
     """fn(key, *extra elements) over the batch of keys in operand 0 (key data whose
-    last `key_rank` dims are one key's), by jax.vmap over the flattened batch."""
+    last `key_rank` dims, a param, are one key's), by jax.vmap over the flattened batch."""
     import jax
+    key_rank = int(call.params["key_rank"])
     data = np.asarray(call.ins[0], dtype=np.uint32)
     batch = data.shape[:data.ndim - key_rank]
     flat = data.reshape((-1,) + data.shape[data.ndim - key_rank:])
@@ -68,10 +69,6 @@ def _keyed(call: Call, fn, key_rank: int, extra: tuple = ()) -> np.ndarray:
     return out.reshape(batch + out.shape[1:])
 
 
-def _key_rank(call: Call) -> int:
-    return int(call.params["key_rank"])
-
-
 def random_bits(call: Call) -> np.ndarray:
     """`bit_width` random bits of `shape` from each key (jax.random.bits)."""
     import jax
@@ -79,23 +76,21 @@ def random_bits(call: Call) -> np.ndarray:
     if f"uint{width}" not in _BITS:
         raise NotExecutable(f"random_bits of width {width} (run: 8, 16, 32)")
     shape = tuple(call.params["shape"])
-    return _keyed(call, lambda k: jax.random.bits(k, shape, np.dtype(f"uint{width}")),
-                  _key_rank(call))
+    return _keyed(call, lambda k: jax.random.bits(k, shape, np.dtype(f"uint{width}")))
 
 
 def random_split(call: Call) -> np.ndarray:
     """Keys of `shape` split from each key (jax.random.split), as key data."""
     import jax
     shape = tuple(call.params["shape"])
-    return _keyed(call, lambda k: jax.random.key_data(jax.random.split(k, shape)),
-                  _key_rank(call))
+    return _keyed(call, lambda k: jax.random.key_data(jax.random.split(k, shape)))
 
 
 def random_fold_in(call: Call) -> np.ndarray:
     """Each key with its u32 message folded in (jax.random.fold_in), as key data."""
     import jax
     return _keyed(call, lambda k, m: jax.random.key_data(jax.random.fold_in(k, m)),
-                  _key_rank(call), (np.asarray(call.ins[1], dtype=np.uint32),))
+                  (np.asarray(call.ins[1], dtype=np.uint32),))
 
 
 def random_seed(call: Call) -> np.ndarray:
