@@ -244,8 +244,10 @@ class _SinkRules(_Rewriter):
         return False
 
     def slice_of_slice(self, op: Op) -> bool:
-        """slice(slice(x, a, b, s), c, d, t) = slice(x, a + c*s, a + (d - 1)*s + 1, s*t)
-        per dim (the outer one's elements c, c + t, ... of the inner's a, a + s, ...)."""
+        """slice(slice(x, a, b, s), c, d, t) = slice(x, a + c*s, last + 1, s*t) per dim,
+        last = a + (c + (m - 1)*t)*s the inner index of the outer slice's last element
+        (m = |range(c, d, t)|; the outer one's elements c, c + t, ... of the inner's
+        a, a + s, ...)."""
         inner = self.producer.get(op.inputs[0])
         if inner is None or inner.kind != "slice":
             return False
