@@ -456,10 +456,18 @@ def _fused_pieces(g: Graph, producer: dict[int, Op], op: Op) -> tuple | None:
     all slices of one tensor, _sliced_from: micro-batches of one batch, which
     simplify_accumulate.py merges as the program's one contraction), the pieces' sizes
     along the concatenated
-    dims (lhs, rhs; None for an operand that is no such concatenation); else None."""
+    dims (lhs, rhs; None for an operand that is no such concatenation); else None. An
+    all_gather along a contracted dim counts as the concatenation of its members'
+    pieces (_gathered_pieces): the other program's concatenation of pieces of those
+    sizes then stays fused, as its all_gather does."""
     sizes: list[tuple[int, ...] | None] = [None, None]
     for side, (t, key) in enumerate(zip(op.inputs, ("lhs", "rhs"))):
         cat = producer.get(t)
+        gathered = _gathered_pieces(g, cat)
+        if gathered is not None:   # (a concatenation across ranks: never split itself)
+            if gathered[0] in op.params[f"{key}_contract"]:
+                sizes[side] = gathered[1]
+            continue
         if cat is None or cat.kind != "concatenate":
             continue
         if _sliced_from(producer, t) is not None:
@@ -468,6 +476,17 @@ def _fused_pieces(g: Graph, producer: dict[int, Op], op: Op) -> tuple | None:
         if k in op.params[f"{key}_contract"]:
             sizes[side] = tuple(g.tensors[i].shape[k] for i in cat.inputs)
     return None if sizes == [None, None] else tuple(sizes)
+
+
+def _gathered_pieces(g: Graph, op: Op | None) -> tuple[int, tuple[int, ...]] | None:
+    """(gathered dim, the pieces' sizes along it) when op is an all_gather: the
+    members' blocks concatenated in group order, as a program that concatenates the
+    same pieces itself holds them (a sequential prefix sum's block totals as rows,
+    dlverify/blocked_scan.py, against their all_gather)."""
+    if op is None or op.kind != "all_gather" or not op.params.get("groups"):
+        return None
+    k = int(op.params["dimension"])
+    return k, (g.tensors[op.inputs[0]].shape[k],) * len(op.params["groups"][0])
 
 
 def _sliced_from(producer: dict[int, Op], t: int) -> int | None:
@@ -528,6 +547,7 @@ def rewrite(problem: Problem) -> None:
     from dlverify.simplify import simplify_graph
     from dlverify.simplify_int import fold_int_expansions
     from dlverify.unit_layouts import unit_layouts_as_sequential
+    from dlverify.unit_roles import unit_roles_as_sequential
     from dlverify.softmax_form import canonical_softmaxes
     unused = [_unused(problem.seq), _unused(problem.dist)]
     if problem.normal_form:   # compiled modules recompute values per fusion (dlverify/cse.py)
@@ -572,6 +592,11 @@ def rewrite(problem: Problem) -> None:
         for g in split_contracted_concatenations(problem.seq, problem.dist, problem.ids):
             simplify_graph(g, problem.ids, problem.assumptions, problem.notes,
                            partner=problem.seq if g is problem.dist else None, merge_sums=False)
+        # (size-1 dims batched, contracted or free as the sequential dot whose operand's
+        # sized dims have the same roles: a rank's key gradient of one query head)
+        if unit_roles_as_sequential(problem.seq, problem.dist, problem.ids):
+            tidy_reshapes(problem.dist, problem.ids)   # (the reshapes back, collapsed)
+            _drop_newly_dead(problem.dist, unused[1])
         if unit_layouts_as_sequential(problem.seq, problem.dist, problem.ids):
             _drop_newly_dead(problem.dist, unused[1])
         # (the reshapes back those passes wrote, collapsed and sunk as the normal form would)

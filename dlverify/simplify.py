@@ -55,6 +55,8 @@ reduction over whole groups of a reshape as the reduction of its operand. In
 dlverify/simplify_sink.py: reshapes and transposes past gathers, slices and
 concatenations, and free runs merged under a transpose out of dots, so a dot
 reads its free dims unmerged whichever side merges them where.
+In dlverify/concat_slices.py: a dynamic_slice of a concatenation that keeps the
+concatenated dim whole is the concatenation of the pieces' dynamic_slices.
 
 Every rewrite must be confluent: it may only make the two sides more alike,
 whatever the other side does around it. A rewrite that reads an op's producer
@@ -79,9 +81,10 @@ from fractions import Fraction
 
 import numpy as np
 
+from dlverify.concat_slices import dynamic_slice_of_concatenation
 from dlverify.contraction_order import contracted_pairs_in_source_order
 from dlverify.dot_orientation import PartnerLayouts
-from dlverify.ir import FoldedOp, Graph, IdAllocator, Op
+from dlverify.ir import FoldedOp, Graph, IdAllocator, Op, literal_value
 from dlverify.rewrites import _drop_newly_dead, _unused
 from dlverify.simplify_accumulate import accumulate_forms
 from dlverify.simplify_compiled import compiled_forms
@@ -95,7 +98,7 @@ from dlverify.simplify_sink import _SinkRules
 from dlverify.simplify_transposes import transpose_forms
 from dlverify.diagonal_sums import diagonal_sum
 from dlverify.unit_layouts import dot_roles, lone_units_batched
-from dlverify.unit_placement import unit_move_under_transpose, unit_reduction_as_reshape
+from dlverify.unit_placement import reduced_axes, unit_move_under_transpose, unit_reduction_as_reshape
 
 # op kind -> (neutral value, operand positions it may take)
 _NEUTRAL: dict[str, tuple[float, tuple[int, ...]]] = {
@@ -115,6 +118,7 @@ class _Simplifier(_MoveRules, _SinkRules, _LayoutRules, _ReshapeRules):
     simplify_reshapes.py too."""
 
     partner_dots = None     # the sequential program's dot_roles (dlverify/unit_layouts.py)
+    partner_reductions = None   # and its reduced_axes (dlverify/unit_placement.py)
     merge_sums = True       # sums of dots merged into one (simplify_accumulate.py)
 
     # -- the rewrites: each returns True when it replaced `op` --------------
@@ -135,17 +139,41 @@ class _Simplifier(_MoveRules, _SinkRules, _LayoutRules, _ReshapeRules):
     def literal_difference(self, op: Op) -> bool:
         """`x - c` is `x + (-c)` for a splat literal c, exactly in floating point too
         (subtraction adds the negated operand), the form XLA's algebraic simplifier
-        writes: jax.random's uniform sampling computes `bits - 1.0`, XLA `bits + -1`."""
-        out = self.float_binary(op, "sub")
-        if out is None:
+        writes: jax.random's uniform sampling computes `bits - 1.0`, XLA `bits + -1`.
+        For a signed integer type too, when -c is one of its values (c not its
+        minimum): then x - c = x + (-c) for every x, over the integers and wrapped
+        alike (position ids `cumsum(mask) - 1`, XLA's `+ -1`); not for unsigned types,
+        where -c is no value (XLA's wrapped 2^n - c is another literal)."""
+        if op.kind != "sub" or len(op.inputs) != 2:
             return False
-        x, c = op.inputs[0], self.splat(op.inputs[1])
-        if c is None or self.splat(x) is not None or self.shape(x) != out.shape \
+        out = self.g.tensors[op.output]
+        x = op.inputs[0]
+        if self.splat(x) is not None or self.shape(x) != out.shape \
                 or self.g.tensors[x].dtype != out.dtype:
+            return False
+        dtype = np.dtype(out.dtype)
+        if np.issubdtype(dtype, np.floating):
+            c = self.splat(op.inputs[1])
+        elif np.issubdtype(dtype, np.signedinteger):
+            c = self.int_splat(op.inputs[1])
+            if c is not None and c == np.iinfo(dtype).min:
+                return False
+        else:
+            return False
+        if c is None:
             return False
         negated = self.splat_of(-c, out.shape, out.dtype, op)
         self.new_op("add", [x, negated], out.shape, out.dtype, {}, op, output=op.output)
         return True
+
+    def int_splat(self, t: int) -> int | None:
+        """The one integer tensor t holds everywhere (a constant, or a broadcast or
+        reshape of one), exactly (splat reads it as a float)."""
+        v = literal_value(self.producer, t, ("broadcast_in_dim", "reshape"))
+        if v is None or v.size == 0 or not np.issubdtype(v.dtype, np.integer) \
+                or not (v == v.flat[0]).all():
+            return None
+        return int(v.flat[0])
 
     def layout(self, op: Op) -> bool:
         x = op.inputs[0] if op.inputs else None
@@ -394,6 +422,7 @@ class _Simplifier(_MoveRules, _SinkRules, _LayoutRules, _ReshapeRules):
                     and self.all_reduce(op, through_transpose=False)
                     or self.reshape_out_of_all_gather(op)
                     or self.transpose_out_of_all_gather(op) or self.literal_dynamic_slice(op)
+                    or dynamic_slice_of_concatenation(self, op)
                     or self.slice_moves(op)
                     or self.concatenate_of_reshapes(op)
                     or self.free_merge_under_transpose(op)
@@ -419,6 +448,7 @@ def simplify_graph(graph: Graph, ids: IdAllocator, assumptions: list[str] | None
     contracted concatenation was split, rewrites.split_contracted_concatenations)."""
     partner_dots = dot_roles(partner) if partner is not None else None
     partner_layouts = PartnerLayouts(partner) if partner is not None else None
+    partner_reductions = reduced_axes(partner) if partner is not None else None
     unused = _unused(graph)
     changed = False
     alias: dict[int, int] = {}      # every pass's: tensor -> the tensor now holding its value
@@ -431,6 +461,7 @@ def simplify_graph(graph: Graph, ids: IdAllocator, assumptions: list[str] | None
             simplifier.late = late
             simplifier.partner_dots = partner_dots
             simplifier.partner_layouts = partner_layouts
+            simplifier.partner_reductions = partner_reductions
             simplifier.merge_sums = merge_sums
             if not simplifier.run():
                 break
