@@ -116,16 +116,27 @@ def _check(shape: tuple[int, ...], src_shape: tuple[int, ...], sw: SelectWindow,
     return sizes
 
 
-def lower_select_and_scatter(site: SelectSite, x: int, shape: tuple[int, ...], x_dtype: str,
-                             source: int, src_shape: tuple[int, ...], dtype: str,
-                             init: int | None, sw: SelectWindow,
-                             where: tuple[str, int | None]) -> int:
-    """The select-and-scatter's result (operand's shape, source's `dtype`) as IR ops;
-    `init` is the initial value: a tensor id of a scalar, or None for zero."""
-    sizes = _check(shape, src_shape, sw, where)
-    k = len(shape)
+@dataclass(frozen=True)
+class WindowScan:
+    """The scan over every window at once (the module docstring): window
+    positions `sizes`; per offset in row-major order, where the scan ends on it
+    (`selected`: a pred of `sizes`, None: everywhere; offsets it never ends on
+    are left out); the value it ends with (`value`); and where some offset is
+    valid (`seen`: None when every window has one)."""
 
-    xs, ss = at_dtype(site, x_dtype), at_dtype(site, dtype)
+    sizes: tuple[int, ...]
+    pads: tuple[tuple[int, int, int], ...]
+    extra: tuple[int, ...]
+    selected: tuple[tuple[tuple[int, ...], int | None], ...]
+    value: int
+    seen: int | None
+
+
+def scan_windows(site: SelectSite, x: int, shape: tuple[int, ...], x_dtype: str,
+                 sw: SelectWindow, sizes: tuple[int, ...]) -> WindowScan:
+    """Follow the select-and-scatter's scan of `x` over windows `sw` as IR ops."""
+    k = len(shape)
+    xs = at_dtype(site, x_dtype)
 
     def pred(kind: str, ins: list[int]) -> int:
         return site.emit(kind, ins, sizes, "bool", {})
@@ -152,22 +163,58 @@ def lower_select_and_scatter(site: SelectSite, x: int, shape: tuple[int, ...], x
             cur = site.emit("select_n", [take, cur, row], sizes, x_dtype, {})
             seen = None if seen is None or valid is None else pred("or", [seen, valid])
         takes.append(take)
+    selected, later = [], None      # later: some offset after t is taken (None: none is)
+    for tap, take in reversed(list(zip(taps, takes))):
+        selected.append((tap, take if later is None else both(take, pred("not", [later]))))
+        if take is None:
+            break       # every position takes t: no earlier offset ends the scan
+        later = take if later is None else pred("or", [later, take])
+    return WindowScan(sizes, pads, extra, tuple(selected), cur, seen)
+
+
+def lower_select_and_scatter(site: SelectSite, x: int, shape: tuple[int, ...], x_dtype: str,
+                             source: int, src_shape: tuple[int, ...], dtype: str,
+                             init: int | None, sw: SelectWindow,
+                             where: tuple[str, int | None]) -> int:
+    """The select-and-scatter's result (operand's shape, source's `dtype`) as IR ops;
+    `init` is the initial value: a tensor id of a scalar, or None for zero."""
+    sizes = _check(shape, src_shape, sw, where)
+    k = len(shape)
+    ss = at_dtype(site, dtype)
+    scan = scan_windows(site, x, shape, x_dtype, sw, sizes)
     zero = ss.scalar(0)
     zeros = site.emit("broadcast_in_dim", [zero], sizes, dtype, {"broadcast_dimensions": ()})
-    placed, later = [], None      # later: some offset after t is taken (None: none is)
-    for tap, take in reversed(list(zip(taps, takes))):
-        sel = take if later is None else both(take, pred("not", [later]))
+    placed = []
+    for tap, sel in scan.selected:
         part = source if sel is None else site.emit("select_n", [sel, zeros, source], sizes,
                                                     dtype, {})
         cfg = tuple((t - lo, n - (t - lo + (o - 1) * s + 1), s - 1)
                     for t, (lo, _), n, o, s in zip(tap, sw.padding, shape, sizes, sw.strides))
         placed.append(padded(ss, part, sizes, cfg, (0,) * k, zero)[0])
-        if take is None:
-            break       # every position takes t: no earlier offset ends the scan
-        later = take if later is None else pred("or", [later, take])
     out = balanced(ss, "add", placed, shape)
     if init is not None:
         out = site.emit("add", [out, site.emit("broadcast_in_dim", [init], shape, dtype,
                                                {"broadcast_dimensions": ()})], shape, dtype, {})
     return out
 
+
+def selected_payload(site: SelectSite, scan: WindowScan, payload: int, shape: tuple[int, ...],
+                     dtype: str, strides: tuple[int, ...], fill: int) -> int:
+    """Per window, the element of `payload` (the scanned operand's shape, `dtype`)
+    at the position the scan ends on; the scalar tensor `fill` where no offset of
+    the window is valid (a variadic reduce-window's carried values: the positions
+    XLA's select-and-scatter expander carries as iotas)."""
+    ps = at_dtype(site, dtype)
+    pp, psh = padded(ps, payload, shape, scan.pads, scan.extra, fill)
+    zeros = site.emit("broadcast_in_dim", [ps.scalar(0)], scan.sizes, dtype,
+                      {"broadcast_dimensions": ()})
+    parts = []
+    for tap, sel in scan.selected:
+        row = window_rows(ps, pp, psh, tap, scan.sizes, strides)
+        parts.append(row if sel is None else
+                     site.emit("select_n", [sel, zeros, row], scan.sizes, dtype, {}))
+    out = balanced(ps, "add", parts, scan.sizes)
+    if scan.seen is None:
+        return out
+    fills = site.emit("broadcast_in_dim", [fill], scan.sizes, dtype, {"broadcast_dimensions": ()})
+    return site.emit("select_n", [scan.seen, fills, out], scan.sizes, dtype, {})

@@ -54,8 +54,7 @@ def test_the_jaxpr_expansion_computes_the_pooling_gradient(name, data):
 @pytest.mark.parametrize("name", list(POOL_GRADS))
 def test_the_hlo_expansion_computes_the_pooling_gradient(name):
     """As JAX writes it (XLA's CPU pipeline later expands it into a variadic
-    reduce-window and a scatter at computed indices, which the HLO frontend refuses
-    by name)."""
+    reduce-window and a scatter at computed indices: tests/test_window_select.py)."""
     fn, args = POOL_GRADS[name], (TIES,)
     text = jax.jit(fn).lower(*args).as_text(dialect="hlo")
     assert "select-and-scatter" in text

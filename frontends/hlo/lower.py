@@ -85,6 +85,9 @@ class Lowerer:
         self.known: dict[int, np.ndarray] = {}
         self.assumptions: list[str] = []
         self.custom_calls: dict[str, int] = {}
+        # positions a variadic reduce-window selected, for the scatter that places by them
+        # (frontends/hlo/ops/window_select.py): tensor -> (its selection, which position)
+        self.window_selections: dict[int, tuple[Any, int]] = {}
         # Set only while a sort comparator is lowered to be evaluated on probe
         # values (frontends/hlo/comparator.py): bit reinterpretations
         # (bitcast-convert) become the evaluable, rule-less `bitcast_convert`

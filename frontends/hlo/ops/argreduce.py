@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 _INDEX_PAIRS = ((0, 1), (1, 0), (1, 3), (3, 1))
 
 
-def _is_iota_along(L: Lowerer, t: int, axis: int) -> bool:
+def is_iota_along(L: Lowerer, t: int, axis: int) -> bool:
     """Tensor t holds its position along `axis` (an iota, or its broadcast)."""
     shape = L.shape_of(t)
     want = np.broadcast_to(np.arange(shape[axis]).reshape(
@@ -122,7 +122,7 @@ def arg_reduce(L: Lowerer, ins: HloInstruction, ops: list, comp: HloComputation,
     if len(axes) != 1 or not 0 <= axes[0] < len(shape):
         raise L.unknown(ins, f"{refuse} along one dim; dimensions={list(axes)}")
     axis = axes[0]
-    if L.shape_of(idx) != shape or not is_int_dtype(idt) or not _is_iota_along(L, idx, axis):
+    if L.shape_of(idx) != shape or not is_int_dtype(idt) or not is_iota_along(L, idx, axis):
         raise L.unknown(ins, f"{refuse}: operand 1 is not an iota along dim {axis}")
     if key_values(vdt) is None:
         raise L.unknown(ins, f"{refuse}: values of type {vdt} have no order the IR knows")

@@ -14,6 +14,7 @@ from dlverify.frontends.hlo.model import HloComputation, HloInstruction
 from dlverify.frontends.hlo.ops.argreduce import arg_reduce
 from dlverify.frontends.hlo.ops.registry import Val, handler
 from dlverify.ir import SourceLoc
+from dlverify.frontends.hlo.ops.window_select import variadic_reduce_window
 from dlverify.window_lowering import ReduceWindow, WindowSite, lower_reduce_window
 
 if TYPE_CHECKING:
@@ -138,7 +139,7 @@ def _reduce_window(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloCom
     other window (_windows; XLA's CPU tree reduction rewriter splits a long reduce
     into a reduce-window of 32 that tiles the operand and a reduce)."""
     if ins.shape.is_tuple or len(ops) != 2:
-        raise L.unknown(ins, "variadic (tuple) reduce-window is not supported")
+        return variadic_reduce_window(L, ins, ops, comp, loc)
     x, init = L.tid(ins, ops[0]), L.tid(ins, ops[1])
     shape = L.shape_of(x)
     win = parse_window(ins.attrs.get("window"), len(shape))

@@ -27,6 +27,7 @@ import numpy as np
 from dlverify.frontends.hlo.attributes import ints
 from dlverify.frontends.hlo.model import HloComputation, HloInstruction
 from dlverify.frontends.hlo.ops.registry import Val, handler
+from dlverify.frontends.hlo.ops.window_select import fold_selection_scatter
 from dlverify.ir import Op, SourceLoc
 from dlverify.errors import UnknownOpError
 from dlverify.ops.dtypes import is_int_dtype
@@ -181,6 +182,9 @@ def _scatter(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputati
     known = L.known.get(idx)
     batched = ins.attrs.get("input_batching_dims") or ins.attrs.get("scatter_indices_batching_dims")
     if combine == "add":
+        folded = fold_selection_scatter(L, ins, operand, idx, upd, loc)
+        if folded is not None:
+            return folded
         try:
             return _one_hot_add(L, ins, operand, idx, upd, loc)
         except UnknownOpError:
