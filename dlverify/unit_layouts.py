@@ -423,12 +423,22 @@ class _UnitLayouts(_FormRules):
         hi = tuple(int(a.max()) + 1 for a in at)
         return (lo, hi) if math.prod(b - a for a, b in zip(lo, hi)) == moved.size else None
 
+    def _units_only(self, t: int) -> bool:
+        """Whether t is a reshape that only inserts or deletes size-1 dims."""
+        r = self.producer.get(t)
+        return r is not None and r.kind == "reshape" and \
+            [n for n in self.shape(t) if n > 1] == [n for n in self.shape(r.inputs[0]) if n > 1]
+
     def rewrite(self, op: Op) -> bool:
         out = self.shape(op.output)
         chains = list(self.bases(op))
         if len(chains) > 1:
             near = chains[1][1]                    # (op and the op under it)
+            # (a pair over a reshape that only moves size-1 dims is written from that
+            # reshape's operand, when a sequential pair takes it: the rank's query
+            # gradient [b, 1, s, 1, d] read as [b, 1, s, d] by the key's pair)
             if [o.kind for o in near] in (["reshape", "transpose"], ["transpose", "reshape"]) \
+                    and not self._units_only(chains[1][0]) \
                     and any(_pair_form(self.shape(chains[1][0]), out, t)
                             == self.shape(near[0].output)
                             and tuple(near[near[0].kind == "reshape"].params["permutation"])
