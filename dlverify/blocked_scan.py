@@ -35,6 +35,10 @@ above, so the rewritten sequential program computes the same value for every
 input and any consumer (a backward pass included) sees the same numbers. A
 sequential cumsum is left whole when the distributed program also scans a dim
 of its full length (no split there), and reversed scans are left as they are.
+
+A module XLA optimised may hold a long cumsum as its own two-level scan (blocks of
+16 on CPU, whatever the ranks' blocks): dlverify/scan_fold.py folds those back into
+one cumsum first, in both programs, and the blocks here are the distributed ones.
 """
 from __future__ import annotations
 
@@ -45,6 +49,7 @@ import numpy as np
 
 from dlverify.ir import Graph, GraphBuilder, Op
 from dlverify.problem import Problem
+from dlverify.scan_fold import fold_two_level_scans
 
 
 def _split_sizes(mesh_shape: tuple[int, ...]) -> set[int]:
@@ -182,8 +187,11 @@ class _Writer:
 
 def block_scans(problem: Problem) -> bool:
     """Rewrite, in problem.seq, each forward cumsum along a dim the distributed
-    program scans in blocks into the blocked form above. True if any was."""
+    program scans in blocks into the blocked form above, after folding XLA's
+    two-level scans of either program back into cumsums. True if anything changed."""
     seq, dist = problem.seq, problem.dist
+    # (XLA's two-level prefix sums as one cumsum first, on both sides: dlverify/scan_fold.py)
+    folded = [fold_two_level_scans(g, problem.ids) for g in (seq, dist)]
     dist_lengths = _scanned_lengths(dist)
     gathered = _gathered_scan_lengths(dist)
     sizes = _split_sizes(tuple(problem.mesh.axis_sizes))
@@ -193,7 +201,7 @@ def block_scans(problem: Problem) -> bool:
         if n is not None:
             plan[op.id] = (n, n in gathered, _gathers_rows(dist, len(seq.tensors[op.output].shape)))
     if not plan:
-        return False
+        return any(folded)
     ops: list[Op] = []
     w = _Writer(seq, problem, ops)
     for op in seq.ops:
