@@ -53,6 +53,32 @@ def _merge_groups_moving_units(src: tuple[int, ...], to: tuple[int, ...]) -> lis
     return [[] if n == 1 else next(it) for n in to]
 
 
+def _units_only_ambiguous(sides, pairs: list[tuple[int, int]]) -> bool:
+    """Whether splitting the contracted runs would only take size-1 dims out of them (each
+    run one sized dim at most), and a size-1 dim of some run could as well be the
+    reshape's size-1 dim next to it (a neighbouring run of size-1 dims only). Then which
+    of the operand's size-1 dims the reshape keeps is not fixed by the reshape: right
+    after the SPMD partitioner a rank's q is [b, s, 1, 1, e] -> [b, s, 1, e], its slot of
+    the fused [q | k | v] and its one head, and _merge_groups keeps the slot, putting the
+    head into the contracted run, where the program batches over the head and squeezed
+    the slot. The dot is left as written; the rules pair the reshape with the program's
+    as its groups fall (datalog/layout_algebra.dl: a size-1 dim may sit in any group)."""
+    ambiguous = False
+    for side, (_, runs, shape) in enumerate(sides):
+        for pair in pairs:
+            run = runs[pair[side]]
+            if len(_sized(shape, run)) > 1:
+                return False
+            if not run:
+                continue
+            # (the run's first or last dim of size 1, next to a run of size-1 dims only)
+            ends = [d for d in (min(run), max(run)) if shape[d] == 1]
+            ambiguous |= any(other is not run and other and all(shape[d] == 1 for d in other)
+                             and (max(other) + 1 in ends or min(other) - 1 in ends)
+                             for other in runs)
+    return ambiguous
+
+
 class _ReshapeRules:
     """Mixin of dlverify/simplify.py's _Simplifier (self.producer, self.shape,
     self.new_op, self.reshaped_operands and self.scalar_of_splat come from it)."""
@@ -231,6 +257,8 @@ class _ReshapeRules:
         # group of a KV head between the heads and the head dim), they are dropped
         exact = all([lshape[d] for d in lruns[i]] == [rshape[d] for d in rruns[j]] for i, j in pairs)
         if exact and all(len(lruns[i]) == 1 for i, _ in pairs):
+            return False
+        if exact and _units_only_ambiguous(sides, pairs):
             return False
         if not exact:
             lsized = {i: _sized(lshape, lruns[i]) for i, _ in pairs}

@@ -49,7 +49,9 @@ form for the distributed one, which is ambiguous when the sequential program hol
   then sink past elementwise ops and into broadcasts as the other side's deletions do.
   With one KV head the program sums the softmax gradient's row term over its size-1
   group dim g, then negates it; the rank's module has no g to sum over and negates the
-  term itself.
+  term itself. On the distributed graph too where the sequential program reduces no such
+  axis (`reduced_axes`): right after the SPMD partitioner the rank's module still sums
+  its one KV head where the program, with two, does not.
 
 * `unit_move_under_transpose` (both graphs, in the normal form's pass): a transpose of
   a reshape that moves size-1 dims only, as many as its operand has, is one transpose of
@@ -387,19 +389,39 @@ def free_units_placed(rw, op: Op, merges: set[tuple]) -> bool:
 _UNIT_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod"})
 
 
+def reduced_axes(g: Graph) -> frozenset[tuple[str, int, int]]:
+    """(kind, operand rank, axis) of every axis a reduction of g reduces: the sequential
+    program's, read by unit_reduction_as_reshape on the distributed graph."""
+    return frozenset((op.kind, len(g.tensors[op.inputs[0]].shape), a) for op in g.ops
+                     if op.kind in _UNIT_REDUCTIONS and len(op.inputs) == 1
+                     for a in op.params["axes"])
+
+
 def unit_reduction_as_reshape(rw, op: Op) -> bool:
     """A reduction over size-1 axes only is the reshape deleting them (module docstring);
-    `rw` the normal form's rewriter of the sequential graph (`partner_dots` None). Not on
-    the distributed one: there a size-1 dim may be a rank's block of one element of a
-    sized sequential dim, and its reduction a partial term of the sequential reduction
-    (the FSDP loss's sum over a batch of one per rank), which the partial-sum rules read
-    as a reduction."""
-    if getattr(rw, "partner_dots", None) is not None \
-            or op.kind not in _UNIT_REDUCTIONS or len(op.inputs) != 1:
+    `rw` the normal form's rewriter. On the sequential graph (`partner_dots` None) always.
+    On the distributed one a size-1 dim may be a rank's block of one element of a sized
+    sequential dim, and its reduction a partial term of the sequential reduction (the
+    FSDP loss's sum over a batch of one per rank), which the partial-sum rules read as a
+    reduction: there only where the sequential program (`rw.partner_reductions`, its
+    reduced_axes) reduces no operand of that rank over any of those axes with that
+    reducer, so the reduction deletes a dim the program keeps. JAX's transpose of a
+    broadcast sums every size-1 dim of its operand: with one KV head per rank, the
+    softmax gradient's row term [b, 1, j, q, 1] is summed over the rank's KV head too,
+    where the program (two KV heads) sums the trailing dim only, and the sequential
+    normal form deletes that sum. Either form is the same function: a wrong choice costs
+    a relation, never soundness."""
+    if op.kind not in _UNIT_REDUCTIONS or len(op.inputs) != 1:
         return False
     x = op.inputs[0]
-    if not op.params["axes"] or any(rw.shape(x)[a] != 1 for a in op.params["axes"]):
+    axes = op.params["axes"]
+    if not axes or any(rw.shape(x)[a] != 1 for a in axes):
         return False   # (a reduction over no axes is left to the reduction-chain rules)
+    if getattr(rw, "partner_dots", None) is not None:
+        reduced = getattr(rw, "partner_reductions", None)
+        rank = len(rw.shape(x))
+        if reduced is None or any((op.kind, rank, a) in reduced for a in axes):
+            return False
     out = rw.g.tensors[op.output]
     if rw.g.tensors[x].dtype != out.dtype:
         return False
@@ -522,5 +544,6 @@ def _one_dot(*sizes):
 
 __all__ = ["canonical_form", "canonical_units", "deleted_units_transposed", "free_units_placed",
            "merged_dims_split", "transposed_operands", "transposed_reshapes",
-           "unit_move_under_transpose", "unit_order", "unit_reduction_as_reshape", "units_placed_as_operand",
+           "reduced_axes", "unit_move_under_transpose", "unit_order", "unit_reduction_as_reshape",
+           "units_placed_as_operand",
            "units_placed_as_operands"]
