@@ -539,6 +539,7 @@ def rewrite(problem: Problem) -> None:
     from dlverify.gather_batching import batch_unit_offset_dims
     from dlverify.masked_gather import rewrite_masked_gathers   # imports this module
     from dlverify.passes import share_nullary
+    from dlverify.real_guards import drop_real_guards
     from dlverify.rounded_reciprocal import match_rounded_reciprocals
     from dlverify.sequence_permutation import permute_sequence
     from dlverify.blocked_scan import block_scans
@@ -567,6 +568,9 @@ def rewrite(problem: Problem) -> None:
         _drop_newly_dead(problem.seq, unused[0])
     for g, before in zip((problem.seq, problem.dist), unused):   # size-1 offset dims batched
         if batch_unit_offset_dims(g, problem.ids):
+            _drop_newly_dead(g, before)
+    for g, before in zip((problem.seq, problem.dist), unused):   # is_finite, abs: reals
+        if drop_real_guards(g, problem.ids):
             _drop_newly_dead(g, before)
     rewrite_masked_gathers(problem)
     if split_summed_adds(problem.dist, problem.ids):   # psum(a + b) -> psum(a) + psum(b)
