@@ -14,7 +14,7 @@ from dlverify.errors import EngineError, InputError
 from dlverify.facts import export
 from dlverify.passes import fold, share_nullary
 from dlverify.problem import Problem
-from dlverify.rewrites import rewrite
+from dlverify.pass_order import rewrite
 from dlverify.segments import SegmentedRun, needs_segments, run_segmented
 from dlverify.verdict import Result
 

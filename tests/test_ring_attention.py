@@ -27,7 +27,7 @@ import dlverify
 from dlverify.api import verify_jax
 from dlverify.numeric import partial_sum_errors, run_both, value_error, view_error
 from dlverify.online_softmax import shift_free_merges
-from dlverify.rewrites import rewrite
+from dlverify.pass_order import rewrite
 from dlverify.shift_algebra import ShiftAnalysis
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "ring_attention.py"

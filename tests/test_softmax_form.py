@@ -21,7 +21,7 @@ from dlverify.frontends.jaxpr import import_jax
 from dlverify.numeric import run_both, value_error, view_error
 from dlverify.ops.semantics import Call
 from dlverify.ops.structural import softmax
-from dlverify.rewrites import rewrite
+from dlverify.pass_order import rewrite
 
 H, S, D = 2, 8, 4
 ARGS = tuple(jax.ShapeDtypeStruct((H, S, D), jnp.float32) for _ in range(3))

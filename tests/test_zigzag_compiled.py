@@ -37,7 +37,7 @@ from dlverify.interpret import Interpreter
 from dlverify.ir import IdAllocator
 from dlverify.numeric import run_both, value_error
 from dlverify.reorders import canonical, gathered_output_chain, inverse
-from dlverify.rewrites import rewrite
+from dlverify.pass_order import rewrite
 
 SEQ = """HloModule seq
 
