@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from dlverify.graph_memo import PostOrderMemo
 from dlverify.ir import Graph, IdAllocator, Op
 from dlverify.op_pass import PassState, to_fixpoint
 
@@ -35,35 +36,7 @@ _REDUCTIONS = frozenset({"dot_general", "reduce_sum"})
 _OFFSETS = frozenset({"start_indices", "limit_indices", "value"})
 
 
-class _Memo:
-    """A value per tensor computed from its producer's operands' values (memoised, in
-    post-order without recursion: deep graphs); `value` is the subclass's."""
-
-    def __init__(self, g: Graph, producer: dict[int, Op]) -> None:
-        self.g, self.producer = g, producer
-        self.memo: dict[int, int] = {}
-
-    def value(self, t: int, p: Op | None) -> int:
-        raise NotImplementedError
-
-    def __call__(self, t: int) -> int:
-        todo = [t]
-        while todo:
-            x = todo[-1]
-            if x in self.memo:
-                todo.pop()
-                continue
-            p = self.producer.get(x)
-            missing = [i for i in (p.inputs if p else ()) if i not in self.memo]
-            if missing:
-                todo.extend(missing)
-                continue
-            todo.pop()
-            self.memo[x] = self.value(x, p)
-        return self.memo[t]
-
-
-class _Form(_Memo):
+class _Form(PostOrderMemo[int]):
     """The ops a tensor is computed by, up to slice offsets and constant values, as a
     hash: micro-batches of one computation share it."""
 
@@ -73,7 +46,7 @@ class _Form(_Memo):
             self.g.tensors[t].shape, tuple(self.memo[i] for i in p.inputs)))
 
 
-class _Sources(_Memo):
+class _Sources(PostOrderMemo[int]):
     """The program inputs each tensor is computed from, as a bit mask."""
 
     def __init__(self, g: Graph, producer: dict[int, Op]) -> None:

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from dlverify.ir import Graph, Op, literal_value
+from dlverify.graph_memo import PostOrderMemo
+from dlverify.ir import Op, literal_value
 from dlverify.ops.dtypes import is_float_dtype
 
 # Ops that map finite real operands to a finite real (or an integer, a bool).
@@ -36,31 +37,10 @@ TOTAL = frozenset({
 EXTREMUM_IDENTITY = {"max": -np.inf, "min": np.inf}
 
 
-class FiniteValues:
+class FiniteValues(PostOrderMemo[bool]):
     """finite(t): tensor t of graph g is a finite real for all finite inputs."""
 
-    def __init__(self, g: Graph) -> None:
-        self.g = g
-        self.producer = {op.output: op for op in g.ops}
-        self.memo: dict[int, bool] = {}
-
-    def __call__(self, t: int) -> bool:
-        todo = [t]
-        while todo:   # operands first, without recursion (graphs are deep)
-            x = todo[-1]
-            if x in self.memo:
-                todo.pop()
-                continue
-            op = self.producer.get(x)
-            pending = [i for i in (op.inputs if op is not None else ()) if i not in self.memo]
-            if pending:
-                todo.extend(pending)
-                continue
-            self.memo[x] = self._finite(x, op)
-            todo.pop()
-        return self.memo[t]
-
-    def _finite(self, t: int, op: Op | None) -> bool:
+    def value(self, t: int, op: Op | None) -> bool:
         dtype = self.g.tensors[t].dtype
         if op is None or not is_float_dtype(dtype):
             return True     # an input (a real number), or an integer or bool value

@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from dlverify.finite_values import EXTREMUM_IDENTITY, FiniteValues
+from dlverify.graph_memo import PostOrderMemo
 from dlverify.ir import Graph, IdAllocator, Op, literal_value
 from dlverify.ops.dtypes import is_float_dtype
 from dlverify.rewrites import _Rewriter
@@ -42,41 +43,22 @@ _CLOSED = frozenset({"add", "mul", "reduce_sum", "reduce_max", "reduce_min", "re
 _NONNEGATIVE = frozenset({"exp", "exp2", "abs", "square", "softmax", "logistic"})
 
 
-class _Nonnegative:
-    """nonneg(t): tensor t is >= 0 for every real input (memoised, no recursion)."""
+class _Nonnegative(PostOrderMemo[bool]):
+    """nonneg(t): tensor t is >= 0 for every real input (graph_memo's walk)."""
 
-    def __init__(self, g: Graph) -> None:
-        self.producer = {op.output: op for op in g.ops}
-        self.g = g
-        self.memo: dict[int, bool] = {}
-
-    def __call__(self, t: int) -> bool:
-        todo = [t]
-        while todo:
-            x = todo[-1]
-            if x in self.memo:
-                todo.pop()
-                continue
-            op = self.producer.get(x)
-            pending = [] if op is None or op.kind in _NONNEGATIVE else \
-                [i for i in self._operands(op) if i not in self.memo]
-            if pending:
-                todo.extend(pending)
-                continue
-            self.memo[x] = self._nonneg(op)
-            todo.pop()
-        return self.memo[t]
-
-    def _operands(self, op: Op) -> list[int]:
-        """The operands whose sign decides the result's (a select's branches, a
-        pad's value too, a gather's operand but not its indices)."""
+    def operands(self, op: Op) -> list[int]:
+        """The operands whose sign decides the result's (none for a value that is
+        nonnegative anyway, a select's branches, a gather's operand but not its
+        indices, a pad's value too)."""
+        if op.kind in _NONNEGATIVE:
+            return []
         if op.kind == "select_n":
             return op.inputs[1:]
         if op.kind in ("gather", "dynamic_slice"):
             return op.inputs[:1]
         return op.inputs
 
-    def _nonneg(self, op: Op | None) -> bool:
+    def value(self, t: int, op: Op | None) -> bool:
         if op is None:
             return False    # an input: any real
         if op.kind in _NONNEGATIVE:
@@ -93,7 +75,7 @@ class _Nonnegative:
         if op.kind == "max":     # one nonnegative operand suffices
             return any(self.memo[i] for i in op.inputs)
         if op.kind in _CLOSED or op.kind == "select_n":
-            return all(self.memo[i] for i in self._operands(op))
+            return all(self.memo[i] for i in self.operands(op))
         return False
 
 

@@ -39,6 +39,19 @@ def _select(L: Lowerer, ins: HloInstruction) -> str:
     return direction if root.operands == names else _FLIPPED[direction]
 
 
+def select_site(L: Lowerer, ins: HloInstruction, loc: SourceLoc) -> SelectSite:
+    """Ops and known constants emitted at `ins` (dlverify/select_scatter.py's site)."""
+    def emit(kind: str, inputs: list[int], shape: tuple[int, ...], dtype: str, params: dict) -> int:
+        return L.emit(kind, inputs, shape, dtype, params, loc, ins.name)
+
+    def constant(value: np.ndarray, dtype: str) -> int:
+        v = np.asarray(value, dtype=np_dtype(dtype))
+        c = L.b.constant(v, v.shape, dtype, loc, ins.name)
+        L.known[c] = v
+        return c
+    return SelectSite(emit, constant)
+
+
 @handler("select-and-scatter")
 def _select_and_scatter(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: HloComputation,
                         loc: SourceLoc) -> Val:
@@ -54,18 +67,8 @@ def _select_and_scatter(L: Lowerer, ins: HloInstruction, ops: list[Val], comp: H
     out = L.array_shape(ins)
     known = L.known.get(init)
     zero = known is not None and np.shape(known) == () and np.asarray(known).item() == 0
-
-    def emit(kind: str, inputs: list[int], shape: tuple[int, ...], dtype: str, params: dict) -> int:
-        return L.emit(kind, inputs, shape, dtype, params, loc, ins.name)
-
-    def constant(value: np.ndarray, dtype: str) -> int:
-        v = np.asarray(value, dtype=np_dtype(dtype))
-        c = L.b.constant(v, v.shape, dtype, loc, ins.name)
-        L.known[c] = v
-        return c
-
     sw = SelectWindow(_select(L, ins), tuple(win["size"]), tuple(win["stride"]),
                       tuple(tuple(p) for p in win["pad"]))
-    return lower_select_and_scatter(SelectSite(emit, constant), x, shape, L.dtype_of(x), src,
+    return lower_select_and_scatter(select_site(L, ins, loc), x, shape, L.dtype_of(x), src,
                                     L.shape_of(src), out.dtype, None if zero else init, sw,
                                     (L.file, ins.line))

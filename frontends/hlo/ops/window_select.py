@@ -38,11 +38,12 @@ from dlverify.frontends.hlo.attributes import ints, parse_window
 from dlverify.frontends.hlo.comparator import evaluate_scalar_computation, key_values
 from dlverify.frontends.hlo.model import HloComputation, HloInstruction, np_dtype
 from dlverify.frontends.hlo.ops.argreduce import is_iota_along
+from dlverify.frontends.hlo.ops.select_scatter import select_site
 from dlverify.ir import Op, SourceLoc, is_float_dtype
 from dlverify.ops.dtypes import is_int_dtype
 from dlverify.ops.evaluate import evaluate
-from dlverify.select_scatter import (SELECTS, SelectSite, SelectWindow, lower_select_and_scatter,
-                                     scan_windows, selected_payload)
+from dlverify.select_scatter import (SELECTS, SelectWindow, lower_select_and_scatter, scan_windows,
+                                     selected_payload)
 from dlverify.window_lowering import out_sizes
 
 if TYPE_CHECKING:
@@ -67,18 +68,6 @@ class WindowSelection:
     sizes: tuple[int, ...]
     iota_dims: tuple[int, ...]
     positions: tuple[int, ...]
-
-
-def _site(L: Lowerer, ins: HloInstruction, loc: SourceLoc) -> SelectSite:
-    def emit(kind: str, inputs: list[int], shape: tuple[int, ...], dtype: str, params: dict) -> int:
-        return L.emit(kind, inputs, shape, dtype, params, loc, ins.name)
-
-    def constant(value: np.ndarray, dtype: str) -> int:
-        v = np.asarray(value, dtype=np_dtype(dtype))
-        c = L.b.constant(v, v.shape, dtype, loc, ins.name)
-        L.known[c] = v
-        return c
-    return SelectSite(emit, constant)
 
 
 def _select_of(L: Lowerer, ins: HloInstruction, vdt: str, idt: str, n: int,
@@ -165,7 +154,7 @@ def variadic_reduce_window(L: Lowerer, ins: HloInstruction, ops: list, comp: Hlo
              f"reducer keeps the one it met first; XLA is assumed to visit each window's "
              f"elements in row-major order, the accumulator first (as its select-and-scatter "
              f"expander does)")
-    site = _site(L, ins, loc)
+    site = select_site(L, ins, loc)
     scan = scan_windows(site, x, shape, vdt, sw, sizes)
     values = scan.value
     if scan.seen is not None:
@@ -288,7 +277,7 @@ def fold_selection_scatter(L: Lowerer, ins: HloInstruction, operand: int, idx: i
                         dtype)
     if source is None:
         return None
-    out = lower_select_and_scatter(_site(L, ins, loc), sel.x, sel.shape, sel.dtype, source,
+    out = lower_select_and_scatter(select_site(L, ins, loc), sel.x, sel.shape, sel.dtype, source,
                                    sel.sizes, dtype, None, sel.window, (L.file, ins.line))
     base = L.known.get(operand)
     if base is not None and not np.asarray(base).any():
