@@ -17,6 +17,7 @@ def rewrite(problem: Problem) -> None:
     from dlverify.gather_batching import batch_unit_offset_dims
     from dlverify.masked_gather import rewrite_masked_gathers   # imports this module
     from dlverify.passes import share_nullary
+    from dlverify.offset_compare import move_compare_offsets
     from dlverify.real_guards import drop_real_guards
     from dlverify.rounded_reciprocal import match_rounded_reciprocals
     from dlverify.sequence_permutation import permute_sequence
@@ -48,8 +49,8 @@ def rewrite(problem: Problem) -> None:
         if batch_unit_offset_dims(g, problem.ids):
             _drop_newly_dead(g, before)
     for g, before in zip((problem.seq, problem.dist), unused):   # is_finite, abs: reals
-        if drop_real_guards(g, problem.ids):
-            _drop_newly_dead(g, before)
+        if drop_real_guards(g, problem.ids) | move_compare_offsets(g, problem.ids):
+            _drop_newly_dead(g, before)   # (and (a - c) == iota as a == iota + c: one-hots)
     rewrite_masked_gathers(problem)
     if split_summed_adds(problem.dist, problem.ids):   # psum(a + b) -> psum(a) + psum(b)
         _drop_newly_dead(problem.dist, unused[1])
