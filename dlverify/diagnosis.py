@@ -141,7 +141,9 @@ class Judge:
         found = [c for c in self._counterpart(dist_anc)
                  if not any((f.program, f.file, f.line) == (c.program, c.file, c.line)
                             for f in failures)]
-        return False, outputs, found + failures
+        refused = {d.op.id: d.failure(self._consumers, self.dist_prod, self.operand_views) for d in p.diagnoses
+                   if d.op.id in self.dist_ops and d.op.id in dist_anc}   # (why a rewrite was refused)
+        return False, outputs, list(refused.values()) + found + failures
 
     def _counterpart(self, anc: set[int]) -> list[Failure]:
         """dlverify/correspondence.py's diagnosis: an op before the first distributed

@@ -38,7 +38,14 @@ EXTREMUM_IDENTITY = {"max": -np.inf, "min": np.inf}
 
 
 class FiniteValues(PostOrderMemo[bool]):
-    """finite(t): tensor t of graph g is a finite real for all finite inputs."""
+    """finite(t): tensor t of graph g is a finite real for all finite inputs. `decided`:
+    bool tensors proved to hold one value per rank (passes.fold's splats, index ranges):
+    a select_n on one of them is finite when the case it takes on every rank is (the
+    NaN fill of a `jnp.take` whose indices are proved in range is never taken)."""
+
+    def __init__(self, g, producer=None, decided: dict[int, list] | None = None) -> None:
+        super().__init__(g, producer)
+        self.decided = decided or {}
 
     def value(self, t: int, op: Op | None) -> bool:
         dtype = self.g.tensors[t].dtype
@@ -54,6 +61,9 @@ class FiniteValues(PostOrderMemo[bool]):
                 or (b and self.splat_of(op.inputs[0], ident))
         if op.kind == "integer_pow":
             return op.params.get("y", -1) >= 0 and self.memo[op.inputs[0]]
+        taken = self.decided.get(op.inputs[0]) if op.kind == "select_n" and op.inputs else None
+        if taken is not None and self.g.tensors[op.inputs[0]].dtype == "bool" and len(op.inputs) == 3:
+            return all(self.memo[op.inputs[2 if bool(v) else 1]] for v in taken)
         return op.kind in TOTAL and all(self.memo[i] for i in op.inputs)
 
     def splat_of(self, t: int, value: float) -> bool:

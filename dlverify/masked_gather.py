@@ -46,6 +46,7 @@ import numpy as np
 from dlverify.index_ranges import (Affine, IndexFacts, Intervals, complement, intersect, shift, subset,
                                    unit_reshape_dims)
 from dlverify.ir import Graph, GraphBuilder, IdAllocator, Op, Tensor
+from dlverify.kept_index import Refusal, index_on_kept
 from dlverify.ops.dtypes import exact_dtype
 from dlverify.passes import fold
 from dlverify.problem import Problem
@@ -99,6 +100,7 @@ class _Graph:
         self.facts = IndexFacts(g, ranks, fold(g, mesh).splat)
         self.producer = {op.output: op for op in g.ops}
         self.pending: list[Op] = []
+        self.refused: list[Refusal] = []   # index bounds that cut kept rows (diagnoses)
 
     def new(self, kind: str, inputs: list[int], shape: tuple[int, ...], dtype: str, params: dict,
             like: Op, output: int | None = None) -> int:
@@ -276,14 +278,10 @@ class _Graph:
             idx = rg.op.inputs[1]
             if any(not 0 <= d < len(self.shape(idx)) - 1 for d in idx_dims):
                 continue
-
-            def is_base(t: int, dims: tuple[int, ...]) -> bool:
-                aff = self.facts.affine(t)
-                return aff is not None and aff.base == pred.base and aff.dims == dims
-            src = self._trace(idx, pred.base, idx_dims, kept, is_base, ("broadcast_in_dim", "reshape"))
+            src = index_on_kept(self, idx, pred.base, idx_dims, kept, self.refused)
             if src is None:
                 continue
-            aff = self.facts.affine(src[0])
+            aff = src[1]
             n = self.shape(rg.operand)[rg.dim]
             # kept exactly where base + c_r lies in [0, n)
             if any(intersect(v, shift(((0, n),), -c)) != k for v, c, k in zip(vals, aff.offset, kept)):
@@ -352,14 +350,10 @@ class _Graph:
         for i in (0, 1):
             if not self._iota_columns(eq.inputs[1 - i], last):
                 continue
-
-            def is_base(t: int, d: tuple[int, ...]) -> bool:
-                aff = self.facts.affine(t)
-                return aff is not None and aff.base == pred.base and aff.dims == d
-            src = self._trace(eq.inputs[i], pred.base, dims, kept, is_base, ("broadcast_in_dim", "reshape"))
+            src = index_on_kept(self, eq.inputs[i], pred.base, dims, kept)
             if src is None:
                 continue
-            aff = self.facts.affine(src[0])
+            aff = src[1]
             vals = self.facts.values(pred.base)
             if any(intersect(v, shift(((0, n),), -c)) != k for v, c, k in zip(vals, aff.offset, kept)):
                 continue
@@ -535,14 +529,17 @@ def rewrite_masked_gathers(problem: Problem) -> bool:
     for op in problem.dist.ops:
         dist.pending = []
         if op.kind == "select_n":
+            refused = len(dist.refused)
             rg = dist.masked(op)
             if rg is not None:
                 gathers.add(rg.op.id)
+                del dist.refused[refused:]   # another way of reading it succeeded
         elif op.kind != "dot_general" or not dist.masked_contraction(op):
             continue
         if dist.pending:
             before[op.id] = dist.pending
             replaced.add(op.id)
+    problem.diagnoses.extend(dist.refused)
     if not replaced:
         return False
     more, more_replaced = _rewrite_in_bounds(dist, gathers)

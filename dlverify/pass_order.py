@@ -16,7 +16,7 @@ def rewrite(problem: Problem) -> None:
     from dlverify.cse import merge_common_values
     from dlverify.gather_batching import batch_unit_offset_dims
     from dlverify.masked_gather import rewrite_masked_gathers   # imports this module
-    from dlverify.passes import share_nullary
+    from dlverify.passes import fold, share_nullary
     from dlverify.offset_compare import move_compare_offsets
     from dlverify.real_guards import drop_real_guards
     from dlverify.rounded_reciprocal import match_rounded_reciprocals
@@ -27,6 +27,7 @@ def rewrite(problem: Problem) -> None:
     from dlverify.simplify import simplify_graph
     from dlverify.simplify_int import fold_int_expansions
     from dlverify.unit_layouts import unit_layouts_as_sequential
+    from dlverify.unit_collectives import move_unit_insertions
     from dlverify.unit_roles import unit_roles_as_sequential
     from dlverify.softmax_form import canonical_softmaxes
     unused = [_unused(problem.seq), _unused(problem.dist)]
@@ -51,6 +52,11 @@ def rewrite(problem: Problem) -> None:
     for g, before in zip((problem.seq, problem.dist), unused):   # is_finite, abs: reals
         if drop_real_guards(g, problem.ids) | move_compare_offsets(g, problem.ids):
             _drop_newly_dead(g, before)   # (and (a - c) == iota as a == iota + c: one-hots)
+    if not problem.normal_form:   # keepdims maxima around a pmax (the normal form has its own),
+        # and guards of values finite once index ranges decide a select (jnp.take's NaN fill)
+        for g, mesh, before in zip((problem.seq, problem.dist), (None, problem.mesh), unused):
+            if move_unit_insertions(g, problem.ids) | drop_real_guards(g, problem.ids, fold(g, mesh).splat):
+                _drop_newly_dead(g, before)
     rewrite_masked_gathers(problem)
     if split_summed_adds(problem.dist, problem.ids):   # psum(a + b) -> psum(a) + psum(b)
         _drop_newly_dead(problem.dist, unused[1])

@@ -35,3 +35,7 @@ class Problem:
     # twin in the other file): nothing relates to them, so a failure downstream may
     # be theirs. Copied into the verdict and printed with every failing one.
     unknowns: list[str] = field(default_factory=list)
+    # what a rewrite refused and why, located at a distributed op (kept_index.Refusal:
+    # a gather's index bound cutting rows its mask keeps): listed first among the
+    # failures when that op leads to a failing output, never part of the verdict
+    diagnoses: list[Any] = field(default_factory=list)

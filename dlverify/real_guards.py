@@ -80,9 +80,9 @@ class _Nonnegative(PostOrderMemo[bool]):
 
 
 class _RealGuards(_Rewriter):
-    def __init__(self, graph: Graph, ids: IdAllocator) -> None:
+    def __init__(self, graph: Graph, ids: IdAllocator, decided: dict[int, list] | None = None) -> None:
         super().__init__(graph, ids)
-        self.finite = FiniteValues(graph)
+        self.finite = FiniteValues(graph, decided=decided)
         self.nonneg = _Nonnegative(graph)
         self.made = {op.output: op for op in graph.ops}
 
@@ -107,6 +107,7 @@ class _RealGuards(_Rewriter):
         return False
 
 
-def drop_real_guards(g: Graph, ids: IdAllocator) -> bool:
-    """Rewrite g's guards (module doc); whether anything changed."""
-    return _RealGuards(g, ids).run()
+def drop_real_guards(g: Graph, ids: IdAllocator, decided: dict[int, list] | None = None) -> bool:
+    """Rewrite g's guards (module doc); whether anything changed. `decided`: bools known
+    per rank (passes.fold's splats), so that a select they decide is as finite as its case."""
+    return _RealGuards(g, ids, decided).run()

@@ -107,6 +107,8 @@ FAILURE_KINDS = {
     "split-axis": "a scan, sort or softmax works along a dim each rank holds only a block of",
     "differs-from-counterpart": "diagnosis: an op holds a block of a value that the sequential op "
                                 "written at the same source does not compute",
+    "index-cut-on-kept-rows": "diagnosis: a bound on a masked gather's index changes it on rows the "
+                              "mask keeps (they read another element than their own)",
 }
 
 
