@@ -24,6 +24,7 @@ from dlverify.frontends.hlo.attributes import (HloSharding, parse_metadata, pars
 from dlverify.frontends.hlo.fold import KNOWN_LIMIT, eval_small
 from dlverify.frontends.hlo.model import (MAX_RANKS, HloComputation, HloInstruction, HloModule,
                                           HloShape, np_dtype)
+from dlverify.frontends.hlo.moved_metadata import MovedMetadata
 from dlverify.frontends.hlo.ops import HANDLERS, Val
 from dlverify.frontends.hlo.parse import single_line
 from dlverify.ir import Frame, Graph, GraphBuilder, IdAllocator, SourceLoc, is_float_dtype
@@ -97,6 +98,7 @@ class Lowerer:
         self.comparator_orders: dict[tuple[str, tuple[str, ...]], Any] = {}
         self._frame_cache: dict[int, tuple[Frame, ...]] = {}
         self._source_cache: dict[tuple[str, str], tuple[Frame, ...]] = {}
+        self._moved = MovedMetadata(module)
         fr = module.frames.stack_frames
         # Some printers write parent_frame_id one above the proto value (frame 1
         # then names itself as its parent); 0 always means "no parent".
@@ -147,11 +149,15 @@ class Lowerer:
         self._frame_cache[fid] = frames
         return frames
 
-    def loc(self, ins: HloInstruction, outer: SourceLoc | None) -> SourceLoc:
+    def loc(self, ins: HloInstruction, outer: SourceLoc | None,
+            comp: HloComputation | None = None) -> SourceLoc:
         """Where `ins` comes from: the user frames of its metadata (else those of the
-        instruction calling its computation); with `instruction_frames`, the
-        instruction's own line in the HLO file comes first."""
+        instruction calling its computation, else those of the reader XLA moved its
+        metadata to); with `instruction_frames`, the instruction's own line in the HLO
+        file comes first."""
         loc = self._user_loc(ins, outer)
+        if comp is not None and loc.frames == (Frame(self.file, ins.line, ins.name),):
+            loc = self._moved_loc(ins, comp) or loc
         if not self.instruction_frames:
             return loc
         here = Frame(self.file, ins.line, ins.name)
@@ -181,6 +187,24 @@ class Lowerer:
         if outer is not None and (outer.frames or outer.op_name):
             return outer
         return SourceLoc((Frame(self.file, ins.line, ins.name),), "")
+
+    def _moved_loc(self, ins: HloInstruction, comp: HloComputation) -> SourceLoc | None:
+        """An instruction without metadata whose metadata XLA moved to a layout-only
+        reader (frontends/hlo/moved_metadata.py): its own line, then that reader's
+        line in the module, labelled, then the reader's user frames."""
+        found = self._moved.holder(ins, comp)
+        if found is None:
+            return None
+        reader, md = found
+        try:
+            user = self._stack(int(md["stack_frame_id"]))
+        except ValueError:
+            return None
+        if not user:
+            return None
+        label = Frame(self.file, reader.line, f"metadata of %{reader.name}")
+        # no op_name of its own: the reader's names the primitive, not this instruction's kind
+        return SourceLoc((Frame(self.file, ins.line, ins.name), label) + user, "")
 
     def emit(self, kind: str, inputs: list[int], shape: tuple[int, ...], dtype: str,
              params: dict | None, loc: SourceLoc, name: str) -> int:
@@ -236,7 +260,7 @@ class Lowerer:
     def lower(self, ins: HloInstruction, ops: list[Val], comp: HloComputation,
               outer: SourceLoc | None) -> Val:
         op = ins.opcode
-        loc = self.loc(ins, outer)
+        loc = self.loc(ins, outer, comp)
         fn = HANDLERS.get(op)
         if fn is None:
             raise self.unknown(ins, f"no translation for HLO opcode '{op}' (frontends/hlo/ops/)")
