@@ -99,6 +99,7 @@ from dlverify.simplify_transposes import transpose_forms
 from dlverify.diagonal_sums import diagonal_sum
 from dlverify.unit_layouts import dot_roles, lone_units_batched
 from dlverify.unit_placement import reduced_axes, unit_move_under_transpose, unit_reduction_as_reshape
+from dlverify.unit_transposed import deleted_units_under_transpose
 
 # op kind -> (neutral value, operand positions it may take)
 _NEUTRAL: dict[str, tuple[float, tuple[int, ...]]] = {
@@ -413,7 +414,8 @@ class _Simplifier(_MoveRules, _SinkRules, _LayoutRules, _ReshapeRules):
                     or self.negative_power(op)
                     or contracted_pairs_in_source_order(self, op)
                     or self.dot_layout(op) or self.sink_reshape(op)
-                    or self.unit_dims_into_dot(op) or self.unit_dims_batched(op)
+                    or self.unit_dims_into_dot(op) or deleted_units_under_transpose(self, op)
+                    or self.unit_dims_batched(op)
                     or lone_units_batched(self, op)
                     or self.unit_dims_into_broadcast(op) or self.layouts(op)
                     or transpose_forms(self, op) or diagonal_sum(self, op)
