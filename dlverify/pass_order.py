@@ -30,6 +30,7 @@ def rewrite(problem: Problem) -> None:
     from dlverify.unit_collectives import move_unit_insertions
     from dlverify.unit_roles import unit_roles_as_sequential
     from dlverify.softmax_form import canonical_softmaxes
+    from dlverify.square_forms import square_forms
     unused = [_unused(problem.seq), _unused(problem.dist)]
     if problem.normal_form:   # compiled modules recompute values per fusion (dlverify/cse.py)
         # XLA's integer rem / div and gathers as the programs wrote them (simplify_int.py),
@@ -52,6 +53,10 @@ def rewrite(problem: Problem) -> None:
     for g, before in zip((problem.seq, problem.dist), unused):   # is_finite, abs: reals
         if drop_real_guards(g, problem.ids) | move_compare_offsets(g, problem.ids):
             _drop_newly_dead(g, before)   # (and (a - c) == iota as a == iota + c: one-hots)
+    if not problem.normal_form:   # x ** 2, x * x and jnp.square as one op (XLA writes one multiply)
+        for g, before in zip((problem.seq, problem.dist), unused):
+            if square_forms(g, problem.ids):
+                _drop_newly_dead(g, before)
     if not problem.normal_form:   # keepdims maxima around a pmax (the normal form has its own),
         # and guards of values finite once index ranges decide a select (jnp.take's NaN fill)
         for g, mesh, before in zip((problem.seq, problem.dist), (None, problem.mesh), unused):

@@ -11,8 +11,13 @@ implicit pvary is a psum). The cases cover both ways of writing it:
 making w varying first (pcast) and averaging explicitly, or relying on the
 implicit sum and dividing by the dp size.
 
-Buggy twins: psum without dividing by the dp size, and a pmean applied to
-a gradient that autodiff had already summed.
+Also a two-layer tanh MLP's mean output, whose cotangent is the constant
+1/batch: each rank's 1/(batch/DP) is DP times the sequential constant, so each
+rank's gradients are DP times partial sums and the pmean makes them whole.
+
+Buggy twins: psum without dividing by the dp size, a pmean applied to a
+gradient that autodiff had already summed, and the MLP's averaged gradients
+divided by DP once more.
 """
 import jax
 import jax.numpy as jnp
@@ -108,3 +113,52 @@ def dp_grad_bug_pmean_of_summed_grad():
     return dlverify.Case(
         seq=grad_seq, dist=_dist(grad_local_implicit_then_pmean), args=_args(), expect="bug",
         description="pmean applied to a replicated-parameter gradient that autodiff already summed over 'dp'")
+
+
+# ---------------------------------------------- a two-layer model: the mean's cotangent is a constant
+HIDDEN = 8
+
+
+def _mlp_args():
+    f32 = jnp.float32
+    return (jax.ShapeDtypeStruct((D_IN, HIDDEN), f32), jax.ShapeDtypeStruct((HIDDEN, 1), f32),
+            jax.ShapeDtypeStruct((BATCH, D_IN), f32))
+
+
+def mlp_mean(w1, w2, x):
+    """The mean output of a tanh MLP: its cotangent is the constant 1/batch, which each
+    rank holds as 1/(BATCH/DP), DP times the sequential value."""
+    return jnp.mean(jnp.tanh(x @ w1) @ w2)
+
+
+def mlp_grads_seq(w1, w2, x):
+    return jax.grad(mlp_mean, argnums=(0, 1))(w1, w2, x)
+
+
+def _mlp_dist(local_fn):
+    mesh = dlverify.host_mesh((DP,), ("dp",))
+    return jax.jit(jax.shard_map(local_fn, mesh=mesh, in_specs=(P(), P(), P("dp")),
+                                 out_specs=(P(), P()), check_vma=False))
+
+
+def mlp_grads_pmean(w1, w2, x):
+    return tuple(jax.lax.pmean(g, "dp") for g in jax.grad(mlp_mean, argnums=(0, 1))(w1, w2, x))
+
+
+@dlverify.case
+def dp_mlp_grads_pmean():
+    return dlverify.Case(
+        seq=mlp_grads_seq, dist=_mlp_dist(mlp_grads_pmean), args=_mlp_args(), expect="verified",
+        description="data-parallel gradients of a two-layer MLP's mean output: local grads, pmean; DP=4")
+
+
+def mlp_grads_global_batch(w1, w2, x):
+    grads = jax.grad(mlp_mean, argnums=(0, 1))(w1, w2, x)
+    return tuple(jax.lax.pmean(g, "dp") / DP for g in grads)  # BUG: the local mean's grads divided by DP again
+
+
+@dlverify.case
+def dp_mlp_grads_bug_divided_twice():
+    return dlverify.Case(
+        seq=mlp_grads_seq, dist=_mlp_dist(mlp_grads_global_batch), args=_mlp_args(), expect="bug",
+        description="data-parallel MLP gradients averaged over 'dp' and divided by DP once more")

@@ -1,4 +1,5 @@
 """contraction.dl: dot_general and reductions on tiny programs."""
+import numpy as np
 import pytest
 from rulekit import Tiny
 
@@ -186,3 +187,45 @@ def test_cumlogsumexp_along_a_split_axis_or_of_partial_terms_has_no_view():
     _, out, split, partial = _scans_of_split_and_partial("cumlogsumexp")
     assert out.views(*split) == [] and out.views(*partial) == []
     assert not out.result.verified
+
+
+@pytest.mark.parametrize("const_side", [0, 1])
+def test_a_constant_operand_takes_the_other_operands_offset_in_a_contracted_dim(const_side):
+    """The cotangent of a mean, contracted with a rank's rows: the distributed 1/b is n
+    times the sequential 1/(n b) on any block (a splat), so the product is n times the
+    partial sum over the rank's rows (checked numerically on random data); the psum of
+    the partials divided by n is the sequential product."""
+    t = Tiny()
+    hs, hd = t.input((8, 5), ("x", None))                        # rows split over 2 ranks
+    cs = t.sop("broadcast_in_dim", [t.sconst(1 / 8)], (8,), broadcast_dimensions=())
+    cd = t.dop("broadcast_in_dim", [t.dconst(1 / 4)], (4,), broadcast_dimensions=())
+    if const_side == 0:
+        dn = dict(lhs_contract=(0,), rhs_contract=(0,), lhs_batch=(), rhs_batch=())
+        ys, yd = t.sop("dot_general", [cs, hs], (5,), **dn), t.dop("dot_general", [cd, hd], (5,), **dn)
+    else:
+        dn = dict(lhs_contract=(0,), rhs_contract=(0,), lhs_batch=(), rhs_batch=())
+        ys, yd = t.sop("dot_general", [hs, cs], (5,), **dn), t.dop("dot_general", [hd, cd], (5,), **dn)
+    summed = t.dop("all_reduce", [yd], (5,), reducer="sum", groups=[[0, 1]])
+    mean = t.dop("div", [summed, t.dop("broadcast_in_dim", [t.dconst(2.0)], (5,),
+                                          broadcast_dimensions=())], (5,))
+    t.output(ys, mean)
+    out = t.run()
+    sop = [op for op in t.seq.ops if op.output == ys][0].id
+    for r in range(2):
+        (v,) = out.views(ys, yd, r)
+        assert v.partial == Partial(0, sop, 0, 4 * r, 4 * r + 4) and v.scale == (1, 0, 0, 0)
+    assert out.result.verified
+
+
+def test_a_constant_that_is_not_a_splat_gets_no_wildcard_and_no_view():
+    """A distributed constant with distinct values (an iota-like ramp) relates to nothing
+    by value here: the product is not derived from the wildcard rule."""
+    t = Tiny()
+    hs, hd = t.input((8, 5), ("x", None))
+    cs = t.S.constant(np.arange(8, dtype=np.float32), (8,), "float32")
+    cd = t.D.constant(np.arange(4, dtype=np.float32), (4,), "float32")
+    dn = dict(lhs_contract=(0,), rhs_contract=(0,), lhs_batch=(), rhs_batch=())
+    ys, yd = t.sop("dot_general", [cs, hs], (5,), **dn), t.dop("dot_general", [cd, hd], (5,), **dn)
+    t.output(ys, t.dop("all_reduce", [yd], (5,), reducer="sum", groups=[[0, 1]]))
+    out = t.run()
+    assert out.views(ys, yd, 1) == [] and not out.result.verified
