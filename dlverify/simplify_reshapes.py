@@ -2,8 +2,7 @@
 form of dlverify/simplify.py, whose `_Simplifier` runs these rules in its pass):
 
 * sink_reshape: an elementwise op of reshapes of tensors of one shape (and
-  splats; or of shapes apart in size-1 dims only, each first reshaped to the shape
-  without them) is the reshape of the op on that shape;
+  splats) is the reshape of the op on that shape;
 * reciprocal_of_moved: `x * M(1 / y)` is `x / M(y)` for a chain M of reshapes,
   transposes and broadcasts (each output element one input element, so M
   commutes with an elementwise 1/y): the reciprocal rule of dlverify/simplify.py
@@ -40,11 +39,6 @@ _MOVES_DEPTH = 4
 def _sized(shape: tuple[int, ...], run: list[int]) -> list[int]:
     """The dims of `run` of size > 1."""
     return [d for d in run if shape[d] != 1]
-
-
-def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """`shape` without its size-1 dims."""
-    return tuple(n for n in shape if n != 1)
 
 
 def _merge_groups_moving_units(src: tuple[int, ...], to: tuple[int, ...]) -> list[list[int]] | None:
@@ -93,12 +87,7 @@ class _ReshapeRules:
         """An elementwise op whose operands are reshapes of tensors of one shape S (and
         splats) is the reshape of the same op on S: reshapes sink toward the
         outputs, so `reshape(r) / 32` and `reshape(r / 32)` meet, and reshape chains
-        then collapse. Sources whose shapes differ only in where their size-1 dims sit
-        ([2, 8, 1, 16] and [2, 1, 8, 16]) are first reshaped to the shape without them
-        (a row-major re-indexing that keeps every element's place in the order, so
-        reshape(x) = reshape(reshape(x, S), ...)), and the op runs on that: XLA's
-        gradient terms leave their dots with the size-1 KV-head dim in different places
-        before one [b*s, e] add, where the program adds them in [b, s, e]."""
+        then collapse."""
         if KINDS[op.kind].family is not Family.ELEMENTWISE or not op.inputs:
             return False
         if self.reciprocal_of_moved(op):
@@ -109,9 +98,7 @@ class _ReshapeRules:
             if r is not None and r.kind == "reshape":
                 s = self.shape(r.inputs[0])
                 if src_shape is not None and s != src_shape:
-                    if _squeezed(s) != _squeezed(src_shape):
-                        return False
-                    s = _squeezed(s)   # (sources apart in size-1 dims only)
+                    return False
                 src_shape = s
                 ins.append(r.inputs[0])
             elif self.scalar_of_splat(t) is not None:
@@ -120,10 +107,6 @@ class _ReshapeRules:
                 return False
         if src_shape is None or src_shape == self.shape(op.output):
             return False
-        for i, t in enumerate(ins):   # (a source with size-1 dims elsewhere: deleted)
-            if t is not None and self.shape(t) != src_shape:
-                ins[i] = self.new_op("reshape", [t], src_shape, self.g.tensors[t].dtype, {},
-                                     self.producer[op.inputs[i]])
         for i, t in enumerate(op.inputs):
             if ins[i] is None:
                 scalar = self.scalar_of_splat(t)
