@@ -22,27 +22,14 @@ import numpy as np
 import pytest
 from conftest import bug_line
 from hlo_pairs import compiled_pair, example_module, verify_texts
+from test_moe_compiled import _run
+from test_simplify_int import _graph  # (shape, dtype) per input; build(b, *xs) -> the output
 
-from dlverify.interpret import Interpreter
 from dlverify.ir import Graph, GraphBuilder, IdAllocator
 from dlverify.rewrites import split_contracted_concatenations
 from dlverify.simplify import simplify_graph
 
 
-def _graph(build, inputs):
-    """inputs: (shape, dtype) per input; build(b, *xs) -> the output tensor."""
-    ids = IdAllocator()
-    g = Graph("g")
-    b = GraphBuilder(g, ids)
-    xs = [b.tensor(s, d, f"in{i}") for i, (s, d) in enumerate(inputs)]
-    g.inputs = list(xs)
-    g.outputs = [build(b, *xs)]
-    return g, ids
-
-
-def _run(g, ins):
-    vals = Interpreter(g, 1).run([[x] for x in ins])
-    return [vals[t][0] for t in g.outputs]
 
 
 def _scalar(b, value, dtype):
