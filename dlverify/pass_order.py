@@ -27,7 +27,6 @@ def rewrite(problem: Problem) -> None:
     from dlverify.simplify import simplify_graph
     from dlverify.simplify_int import fold_int_expansions
     from dlverify.unit_layouts import unit_layouts_as_sequential
-    from dlverify.unit_collectives import move_unit_insertions
     from dlverify.unit_roles import unit_roles_as_sequential
     from dlverify.softmax_form import canonical_softmaxes
     from dlverify.square_forms import square_forms
@@ -50,17 +49,18 @@ def rewrite(problem: Problem) -> None:
     for g, before in zip((problem.seq, problem.dist), unused):   # size-1 offset dims batched
         if batch_unit_offset_dims(g, problem.ids):
             _drop_newly_dead(g, before)
-    for g, before in zip((problem.seq, problem.dist), unused):   # is_finite, abs: reals
-        if drop_real_guards(g, problem.ids) | move_compare_offsets(g, problem.ids):
-            _drop_newly_dead(g, before)   # (and (a - c) == iota as a == iota + c: one-hots)
-    if not problem.normal_form:   # x ** 2, x * x and jnp.square as one op (XLA writes one multiply)
+    for g, before in zip((problem.seq, problem.dist), unused):   # (a - c) == iota: one-hots
+        guards = not problem.normal_form and drop_real_guards(g, problem.ids)   # (programs as
+        if move_compare_offsets(g, problem.ids) | guards:   # written: is_finite, abs of reals)
+            _drop_newly_dead(g, before)
+    if not problem.normal_form:   # x ** 2 and jnp.square as one op (XLA writes one multiply)
         for g, before in zip((problem.seq, problem.dist), unused):
             if square_forms(g, problem.ids):
                 _drop_newly_dead(g, before)
-    if not problem.normal_form:   # keepdims maxima around a pmax (the normal form has its own),
-        # and guards of values finite once index ranges decide a select (jnp.take's NaN fill)
+    if not problem.normal_form:   # guards of values finite once index ranges decide a
+        # select (jnp.take's NaN fill)
         for g, mesh, before in zip((problem.seq, problem.dist), (None, problem.mesh), unused):
-            if move_unit_insertions(g, problem.ids) | drop_real_guards(g, problem.ids, fold(g, mesh).splat):
+            if drop_real_guards(g, problem.ids, fold(g, mesh).splat):
                 _drop_newly_dead(g, before)
     rewrite_masked_gathers(problem)
     if split_summed_adds(problem.dist, problem.ids):   # psum(a + b) -> psum(a) + psum(b)

@@ -21,18 +21,15 @@ rows of ids - first in [0, V/TP), and relates the masked gathers (and their
 scatter-add gradients) to the sequential lookups as one-hot contractions
 (dlverify/index_ranges.py, dlverify/masked_gather.py, frontends/jaxpr/scatter.py).
 
-Two other common ways of writing the cross-entropy: the local target index
-clipped into the shard, `clip(labels - first, 0, V/TP - 1)` (the identity on the
-labels the rank keeps, the others masked anyway: dlverify/kept_index.py), and the
-row max kept as [T, 1] through the pmax and added back squeezed, against a
-sequential loss written with `jax.nn.logsumexp` (dlverify/unit_collectives.py).
+Another common way of writing the cross-entropy: the local target index clipped
+into the shard, `clip(labels - first, 0, V/TP - 1)` (the identity on the labels the
+rank keeps, the others masked anyway: dlverify/kept_index.py).
 
 Buggy twins: the embedding mask drops each shard's first id (an off-by-one
 `<=` for `<`: those tokens get a zero embedding on every rank), the target
 logit is not psum'd over 'tp' (each rank only knows the target logits of the
-labels in its vocab shard), the clip stops one short of the shard's last label
-(those labels read their neighbour's logit), and the [T, 1] max is the rank's own
-(no pmax: each rank shifts its exponentials by another max).
+labels in its vocab shard), and the clip stops one short of the shard's last label
+(those labels read their neighbour's logit).
 """
 import jax
 import jax.numpy as jnp
@@ -169,15 +166,6 @@ def vocab_parallel_bug_target_logit_not_reduced():
 
 # --------------------------------------------------------------- other ways of writing the cross-entropy
 
-def lm_seq_logsumexp(ids, labels, table, head):
-    """The sequential loss with jax.nn.logsumexp (its guards, its [T] max)."""
-    ids, labels = ids % VOCAB, labels % VOCAB
-    x = jnp.take(table, ids, axis=0)
-    logits = x @ head
-    target = jnp.take_along_axis(logits, labels[:, None], axis=-1)[:, 0]
-    return x, jnp.mean(jax.nn.logsumexp(logits, axis=-1) - target)
-
-
 def _xent_clipped(x, labels, head):
     """The target logit picked at the local index clipped into the shard."""
     logits = x @ head
@@ -203,30 +191,6 @@ def vocab_parallel_xent_clipped_index():
         description="vocab-parallel cross-entropy whose local target index is clipped into the shard")
 
 
-def _xent_keepdims(x, labels, head):
-    """The [T, 1] row max pmax'd, subtracted broadcast, added back squeezed."""
-    logits = x @ head
-    m = jax.lax.pmax(jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True)), "tp")
-    lse = jnp.log(jax.lax.psum(jnp.sum(jnp.exp(logits - m), axis=-1), "tp")) + m[:, 0]
-    outside, local = _vocab_mask(labels)
-    picked = jnp.take_along_axis(logits, local[:, None], axis=-1)[:, 0]
-    return jnp.mean(lse - jax.lax.psum(jnp.where(outside, 0.0, picked), "tp"))
-
-
-def vocab_parallel_keepdims_local(ids, labels, table, head):
-    ids, labels = ids % VOCAB, labels % VOCAB
-    x = _embed(table, *_vocab_mask(ids))
-    return x, _xent_keepdims(x, labels, head)
-
-
-@dlverify.case
-def vocab_parallel_xent_keepdims_max_vs_logsumexp():
-    return dlverify.Case(
-        seq=lm_seq_logsumexp, dist=_dist(vocab_parallel_keepdims_local), args=_args(), expect="verified",
-        description="vocab-parallel cross-entropy with its [T, 1] max pmax'd and squeezed, against "
-                    "jax.nn.logsumexp")
-
-
 def vocab_parallel_clip_short_local(ids, labels, table, head):
     ids, labels = ids % VOCAB, labels % VOCAB
     x = _embed(table, *_vocab_mask(ids))
@@ -245,21 +209,3 @@ def vocab_parallel_bug_clip_one_short():
     return dlverify.Case(
         seq=lm_seq, dist=_dist(vocab_parallel_clip_short_local), args=_args(), expect="bug",
         description="vocab-parallel cross-entropy whose clip stops one short of the shard's last label")
-
-
-def vocab_parallel_keepdims_local_max(ids, labels, table, head):
-    ids, labels = ids % VOCAB, labels % VOCAB
-    x = _embed(table, *_vocab_mask(ids))
-    logits = x @ head
-    m = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
-    lse = jnp.log(jax.lax.psum(jnp.sum(jnp.exp(logits - m), axis=-1), "tp")) + m[:, 0]  # BUG: m must be pmax'd
-    outside, local = _vocab_mask(labels)
-    picked = jnp.take_along_axis(logits, local[:, None], axis=-1)[:, 0]
-    return x, jnp.mean(lse - jax.lax.psum(jnp.where(outside, 0.0, picked), "tp"))
-
-
-@dlverify.case
-def vocab_parallel_bug_keepdims_local_max():
-    return dlverify.Case(
-        seq=lm_seq_logsumexp, dist=_dist(vocab_parallel_keepdims_local_max), args=_args(), expect="bug",
-        description="vocab-parallel cross-entropy shifting by each rank's own [T, 1] max, squeezed")
